@@ -1,0 +1,111 @@
+"""The Model base class: a bundle of K independent replicas in one computation.
+
+Every parameter carries a leading member dimension K (``(K, ...)``); member ``k`` of a
+bundle computes exactly what a lone (K=1) model with the same seeds computes. The
+rules that make this true, which every model family follows:
+
+* **Init**: :meth:`Model.init_member` fills member ``k``'s slice of every parameter,
+  in a fixed order, from that member's own generator (seeded by its ``init_seed``).
+* **Batches**: each member gets its own rows (its own data order). Sequences are padded
+  to the longest in the whole bundle and masked, so padding never changes a member's
+  loss or gradient.
+* **Noise**: dropout masks come from :class:`MemberNoise`: one generator per member,
+  masks drawn in a *canonical* per-member shape (independent of bundle padding) and
+  sliced, so member ``k`` sees the masks a lone run would.
+* **Loss**: :meth:`Model.loss` returns one loss per member ``(K,)``; the trainer sums
+  them before ``backward`` (never averages: that would scale every gradient by 1/K).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainables.configbase import FrozenConfig
+from trainables.seeding import torch_generator
+from trainables.tasks.base import DataKind, SplitData
+
+
+class MemberNoise:
+    """Per-member random streams for training-time noise (dropout)."""
+
+    def __init__(self, seeds: Sequence[int], device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generators = [torch_generator(s, self.device) for s in seeds]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def dropout_mask(self, p: float, shape: Sequence[int]) -> torch.Tensor:
+        """Inverted-dropout masks ``(K, *shape)``: 0 or 1/(1-p), member k from generator k.
+
+        ``shape`` is the canonical per-member shape: callers slice the result to the
+        padded size they need, so the stream a member consumes never depends on what
+        the other members of its bundle look like.
+        """
+        keep = 1.0 - p
+        masks = [
+            torch.empty(tuple(shape), device=self.device).bernoulli_(keep, generator=g)
+            for g in self.generators
+        ]
+        return torch.stack(masks).div_(keep)
+
+    def state(self) -> list[torch.Tensor]:
+        return [g.get_state() for g in self.generators]
+
+    def set_state(self, states: Sequence[torch.Tensor]) -> None:
+        for g, s in zip(self.generators, states, strict=True):
+            g.set_state(s)
+
+
+class Model(nn.Module, ABC):
+    """A model family over one data kind, holding K replicas with stacked parameters."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[FrozenConfig]]
+    data_kind: ClassVar[DataKind]
+
+    def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
+        super().__init__()
+        self.config = config
+        self.meta = meta
+        self.k = k
+
+    @abstractmethod
+    def init_member(self, member: int, generator: torch.Generator) -> None:
+        """Initialise member ``member``'s parameters from ``generator`` in a fixed order."""
+
+    @abstractmethod
+    def make_batch(
+        self, data: SplitData, rows: Sequence[np.ndarray], device: torch.device
+    ) -> Any:
+        """Collate one batch: ``rows[k]`` are member k's example indices into ``data``.
+
+        All members get the same number of rows.
+        """
+
+    @abstractmethod
+    def loss(self, batch: Any, noise: MemberNoise | None, reduction: str) -> torch.Tensor:
+        """Training loss per member, ``(K,)``. ``noise`` is None in evaluation."""
+
+    @abstractmethod
+    def example_losses(self, batch: Any) -> torch.Tensor:
+        """Evaluation loss per member and example, ``(K, B)``, without noise."""
+
+    @abstractmethod
+    def predict(self, batch: Any) -> list[list[Any]]:
+        """Predictions, ``K`` lists of ``B`` task-level predictions (what ``Task.score`` takes)."""
+
+    def member_state(self, member: int) -> dict[str, torch.Tensor]:
+        """Member ``member``'s parameters as a plain state dict (leading dim removed)."""
+        return {n: p.detach()[member].clone() for n, p in self.named_parameters()}
+
+    def load_member_state(self, member: int, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for n, p in self.named_parameters():
+                p[member].copy_(state[n])

@@ -1,0 +1,1 @@
+"""Tasks: data generators, splits with roles, metrics. One module per task."""

@@ -1,0 +1,190 @@
+"""The Task base class and the data containers tasks hand to models.
+
+A task generates (or loads) its data deterministically from a data seed and names its
+splits with a *role*:
+
+* ``train``   - what the optimizer sees;
+* ``val``     - in-distribution validation (model selection / early stopping);
+* ``val_ood`` - "uncharacteristic" validation: what tuning may look at;
+* ``test``    - never seen by tuning or selection.
+
+A task also owns its metrics: :meth:`Task.score` turns a model's predictions on a split
+into per-example metric values (the split's metric is their mean), and declares which
+metric per example marks an example "correct" for the ``predictions`` table.
+
+Data comes in one of a few *kinds*, each a container below; a model family declares
+the kind it consumes, and only matching (task, model) pairs are valid.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from trainables.configbase import FrozenConfig
+
+Role = Literal["train", "val", "val_ood", "test"]
+ROLES: tuple[Role, ...] = ("train", "val", "val_ood", "test")
+DataKind = Literal["seq2seq", "tagging", "classify"]
+
+PAD, BOS, EOS = 0, 1, 2
+SPECIALS = ("<pad>", "<s>", "</s>")
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Token <-> id map; ids 0, 1, 2 are always ``<pad>``, ``<s>``, ``</s>``."""
+
+    tokens: tuple[str, ...]
+
+    @classmethod
+    def build(cls, symbols: Sequence[str]) -> Vocab:
+        return cls(tuple(SPECIALS) + tuple(symbols))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.tokens)}
+
+    def encode(self, symbols: Sequence[str]) -> np.ndarray:
+        idx = self.index
+        return np.fromiter((idx[s] for s in symbols), dtype=np.int64, count=len(symbols))
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        return [self.tokens[i] for i in ids]
+
+
+@dataclass
+class SeqPairs:
+    """Kind ``seq2seq``: source and target token sequences (no BOS/EOS stored).
+
+    ``src[i]`` and ``tgt[i]`` are int64 arrays of vocab ids; ``ids[i]`` is a stable
+    example id within the split (used by the ``predictions`` table).
+    """
+
+    src: list[np.ndarray]
+    tgt: list[np.ndarray]
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class SeqTags:
+    """Kind ``tagging``: per-time-step targets for an input sequence.
+
+    ``x[i]``: (T_i,) int64 input symbol ids (no specials); ``y[i]``: (T_i, D) float32
+    per-step targets.
+    """
+
+    x: list[np.ndarray]
+    y: list[np.ndarray]
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass
+class Arrays:
+    """Kind ``classify``: fixed-size inputs and integer labels. ``x``: (N, ...) float32, ``y``: (N,) int64."""
+
+    x: np.ndarray
+    y: np.ndarray
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+SplitData = SeqPairs | SeqTags | Arrays
+
+
+@dataclass
+class Split:
+    """One named split of a task's data, with its role."""
+
+    name: str
+    role: Role
+    data: SplitData
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class TaskData:
+    """Everything a task built from one data seed.
+
+    ``meta`` carries what a model needs to size itself (vocab sizes, input dims,
+    maximum lengths); see each kind's model family for the keys it reads.
+    """
+
+    splits: dict[str, Split]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def by_role(self, role: Role) -> list[Split]:
+        return [s for s in self.splits.values() if s.role == role]
+
+    @property
+    def train(self) -> Split:
+        (train,) = self.by_role("train")
+        return train
+
+
+class Task(ABC):
+    """A task: deterministic data from a seed, splits with roles, and metrics.
+
+    Subclasses set ``name``, ``Config`` (a :class:`FrozenConfig`), ``data_kind`` and
+    ``primary_metric``, and implement :meth:`build` and :meth:`score`.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[FrozenConfig]]
+    data_kind: ClassVar[DataKind]
+    primary_metric: ClassVar[str]
+    """Per-example metric that marks an example correct in the ``predictions`` table."""
+    fresh_samples: ClassVar[bool] = False
+    """True if training draws fresh samples each step (see :meth:`sample_train`)."""
+
+    def __init__(self, config: FrozenConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def build(self, data_seed: int) -> TaskData:
+        """Generate or load every split from ``data_seed`` (deterministic)."""
+
+    @abstractmethod
+    def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
+        """Per-example metric values for ``predictions`` (one per example of ``split``).
+
+        Returns ``{metric: (N,) float array}``; the split-level metric is the mean.
+        """
+
+    def render(self, split: Split, prediction: Any) -> str:
+        """A human-readable rendering of one prediction (for the ``predictions`` table)."""
+        return str(prediction)
+
+    def sample_train(self, data: TaskData, rng: np.random.Generator, n: int) -> SplitData:
+        """Fresh training samples (only for ``fresh_samples`` tasks)."""
+        raise NotImplementedError(f"task {self.name} has a fixed training set")
+
+    def analysis(self) -> dict[str, Any]:
+        """What the task wants analysed and drawn, as data for the study manifest.
+
+        Keys (all optional): ``regressions``: list of ``{x: {split, metric, transform},
+        y: {split, metric}, over: "runs"|"checkpoints"}``; ``charts``: list of
+        ``{type: "histogram"|"scatter"|"curve", ...}``. Analysis reads this without
+        importing trainables.
+        """
+        return {}
+
+    def check(self, data_dir_required: bool = False) -> None:
+        """Validate the config against the filesystem before any Ray work starts."""
