@@ -186,5 +186,9 @@ class Task(ABC):
         """
         return {}
 
-    def check(self, data_dir_required: bool = False) -> None:
+    def check(self) -> None:
         """Validate the config against the filesystem before any Ray work starts."""
+
+    def split_roles(self) -> dict[str, Role]:
+        """Split name -> role, without training (default: builds the data once)."""
+        return {name: split.role for name, split in self.build(0).splits.items()}

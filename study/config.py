@@ -1,0 +1,201 @@
+"""Study config files: schema, grid expansion, validation with clear errors.
+
+A study file (YAML) looks like::
+
+    name: weber2018              # default study name (--name overrides)
+    task:  {name: symbol_rewriting, train_size: 100000}
+    model: {name: seq2seq, hidden_size: 32, dropout: 0.1}
+    train: {optimizer: sgd, lr: 0.125, batch_size: 64, clip_norm: 5, max_epochs: 30}
+    seeds: {count: 50, root: 0, vary: [init, order, dropout]}
+    grid:                        # optional: axes over any dotted field
+      model.cell:
+        lstm: {train.lr: 0.01, seeds.count: 10}    # per-value overrides
+        gru:  {train.lr: 0.001}
+    execution: {bundle_size: 1, device: auto, cpus_per_trial: 1}
+
+Each grid point is a config (a :class:`Point`) times its seeds. Everything is validated
+before Ray starts; the first problem raises :class:`~trainables.errors.ConfigError`
+naming the dotted field and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field
+
+from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError
+from trainables.seeding import Source
+from trainables.spec import RunSpec, validate
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+RESERVED_NAMES = {"tables"}
+TOP_LEVEL = ("name", "task", "model", "train", "seeds", "grid", "execution", "tune")
+
+
+class SeedsConfig(FrozenConfig):
+    """Which seeds a study runs and how they are derived (see trainables.seeding)."""
+
+    count: int = Field(4, ge=1, le=100_000)
+    """Number of seed indices 0..count-1 (``--seeds`` overrides)."""
+    root: int = Field(0, ge=0)
+    """Root seed every run's seeds derive from."""
+    vary: tuple[Source, ...] = ("init", "order", "dropout")
+    """Seed sources that follow the seed index; the others stay at index 0 (one dataset
+    for the whole study unless ``data`` is listed)."""
+    pinned: dict[Source, int] = Field(default_factory=dict)
+    """Explicit seed values for sources (wins over ``vary``)."""
+
+
+class ExecutionConfig(FrozenConfig):
+    """How trials execute. Never part of the trial_id."""
+
+    bundle_size: int | Literal["auto"] = 1
+    """Seeds trained together as one vectorised computation (``auto``: from seeds, CPUs, device)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where bundles run; ``auto`` is CUDA when a GPU is present, else CPU."""
+    cpus_per_trial: float = Field(1.0, gt=0)
+    """Ray CPUs each trial asks for."""
+    gpus_per_trial: float = Field(0.0, ge=0)
+    """Ray GPUs each trial asks for (set > 0 to run bundles on GPUs of a cluster)."""
+    threads: int = Field(1, ge=1)
+    """torch threads per trial (one is fastest per core for these small models)."""
+    max_failures: int = Field(2, ge=0)
+    """Retries of a failed trial (from its last checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: a resolved RunSpec, its seed config and its grid values."""
+
+    spec: RunSpec
+    seeds: SeedsConfig
+    values: dict[str, Any]
+
+    @property
+    def seed_extra(self) -> dict[str, Any]:
+        return {"seeds": {"root": self.seeds.root, "vary": sorted(self.seeds.vary), "pinned": self.seeds.pinned}}
+
+    @property
+    def trial_id(self) -> str:
+        return self.spec.trial_id(self.seed_extra)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """A whole validated study file."""
+
+    name: str | None
+    raw: dict[str, Any]
+    points: tuple[Point, ...]
+    execution: ExecutionConfig
+    tune: dict[str, Any] | None
+
+    @property
+    def identity_hash(self) -> str:
+        """Hash of what the study computes, excluding seed counts (so a study can grow)."""
+        ident = [{"trial_id": p.trial_id, "point": p.values} for p in self.points]
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def set_dotted(d: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    if parts[0] not in TOP_LEVEL or len(parts) < 2:
+        raise ConfigError(f"grid.{path}", "not a config field path",
+                          "use a dotted path like model.cell or train.lr")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"grid.{path}", f"{p} is not a mapping", "fix the path")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(point values, raw config of that point) for every grid point (one if no grid)."""
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError("grid", "must be a mapping of field path -> values", "see README's study-file section")
+    axes: list[list[tuple[str, Any, dict[str, Any]]]] = []
+    for path, values in grid.items():
+        if isinstance(values, dict):
+            opts = []
+            for v, overrides in values.items():
+                if overrides is not None and not isinstance(overrides, dict):
+                    raise ConfigError(f"grid.{path}.{v}", "overrides must be a mapping", "write {field.path: value}")
+                opts.append((path, v, overrides or {}))
+        elif isinstance(values, list) and values:
+            opts = [(path, v, {}) for v in values]
+        else:
+            raise ConfigError(f"grid.{path}", "needs a non-empty list of values or a mapping value -> overrides",
+                              "e.g. `model.cell: [lstm, gru]`")
+        axes.append(opts)
+    out = []
+    for combo in itertools.product(*axes) if axes else [()]:
+        cfg = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
+        values: dict[str, Any] = {}
+        for path, v, overrides in combo:
+            set_dotted(cfg, path, v)
+            values[path] = v
+            for opath, ov in overrides.items():
+                set_dotted(cfg, opath, ov)
+        out.append((values, cfg))
+    return out
+
+
+def parse(raw: dict[str, Any], seeds_override: int | None = None) -> StudyConfig:
+    """Validate a raw study dict into a :class:`StudyConfig` (no Ray, no data)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("(file)", "a study file must be a YAML mapping", "see configs/quickstart.yaml")
+    unknown = set(raw) - set(TOP_LEVEL)
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown top-level field", f"use only: {', '.join(TOP_LEVEL)}")
+    name = raw.get("name")
+    if name is not None:
+        check_name(str(name), "name")
+    execution = validate(ExecutionConfig, dict(raw.get("execution") or {}), "execution")
+    points = []
+    for values, cfg in expand_grid(raw):
+        where = f" (grid point {values})" if values else ""
+        try:
+            spec = RunSpec.from_dict(cfg)
+            seeds = validate(SeedsConfig, dict(cfg.get("seeds") or {}), "seeds")
+        except ConfigError as exc:
+            raise ConfigError(exc.field, exc.problem + where, exc.fix) from None
+        if seeds_override is not None:
+            seeds = seeds.model_copy(update={"count": seeds_override})
+        points.append(Point(spec, seeds, values))
+    ids = [p.trial_id for p in points]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("grid", "two grid points resolve to the same config", "remove the duplicate values")
+    tune = raw.get("tune")
+    return StudyConfig(name, raw, tuple(points), execution, tune)
+
+
+def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
+    """Read and validate a study file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("CONFIG", f"no such file {str(path)!r}", "give the path of a study YAML, e.g. configs/quickstart.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc})", "fix the YAML syntax") from None
+    return parse(raw, seeds_override)
+
+
+def check_name(name: str, field: str = "--name") -> str:
+    if not NAME_RE.match(name) or name in RESERVED_NAMES:
+        raise ConfigError(field, f"invalid study name {name!r}",
+                          "use letters, digits, '_', '-' or '.', starting with a letter or digit (not 'tables')")
+    return name

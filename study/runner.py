@@ -1,0 +1,164 @@
+"""Launching a study's units on Ray Tune, locally or on a cluster, with progress."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from study import manifest as manifest_mod
+from study.config import StudyConfig
+from study.plan import default_cpus, plan_units, unit_payload
+from trainables.errors import FinelineError
+from trainables.loop import get_task
+
+console = Console(stderr=True)
+
+
+class StudyFailed(FinelineError):
+    """Some units failed after their retries."""
+
+
+@contextmanager
+def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str, float]]:
+    """A Ray connection: a fresh local Ray (no dashboard, no usage stats) or ``address``."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import ray
+
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+    else:
+        ray.init(
+            num_cpus=num_cpus or default_cpus(), include_dashboard=False,
+            logging_level="ERROR", log_to_driver=True,
+        )
+    try:
+        yield ray.cluster_resources()
+    finally:
+        ray.shutdown()
+
+
+def resolve_device(cfg: StudyConfig) -> str:
+    dev = cfg.execution.device
+    if dev == "auto":
+        return "cuda" if cfg.execution.gpus_per_trial > 0 else "cpu"
+    return dev
+
+
+def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
+    """Everything that can fail on bad input, before Ray starts. Returns task analysis."""
+    analysis: dict[str, Any] = {}
+    for point in cfg.points:
+        task = get_task(point.spec)
+        task.check()
+        analysis = task.analysis()
+    if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
+        from trainables.errors import ConfigError
+
+        raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
+                          "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
+    return analysis
+
+
+def run_study(
+    cfg: StudyConfig,
+    name: str,
+    out: Path,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    kind: str = "seeds",
+    extra_manifest: dict[str, Any] | None = None,
+) -> dict[str, int]:
+    """Run (or resume) a seed/grid study; returns counts. Raises StudyFailed on failures."""
+    out = Path(out)
+    analysis = check_before_ray(cfg)
+    manifest_mod.prepare(out, name, cfg, kind, analysis, extra_manifest)
+    meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
+    device = resolve_device(cfg)
+    with ray_session(address, num_cpus) as resources:
+        units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
+        if not units:
+            console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
+            return {"planned": planned, "done": already, "ran": 0, "failed": 0}
+        payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
+        failed = launch(payloads, cfg, out, name, already, planned)
+    if failed:
+        raise StudyFailed(
+            f"study {name}: {failed} unit(s) failed after retries; their seeds are not committed. "
+            f"See the errors above, fix the cause, then re-run (committed seeds are kept)."
+        )
+    return {"planned": planned, "done": planned, "ran": planned - already, "failed": 0}
+
+
+def _callback_base() -> type:
+    from ray.tune import Callback
+
+    return Callback
+
+
+class ProgressCallback(_callback_base()):  # type: ignore[misc]
+    """Seeds committed, as a progress bar (the bar is not pickled with the Tuner's state)."""
+
+    def __init__(self, progress: Progress, title: str, total: int, done: int) -> None:
+        self.progress: Progress | None = progress
+        self.bar = progress.add_task(title, total=total, completed=done, info="")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "progress": None}
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if self.progress is not None:
+            running = sum(1 for t in trials if t.status == "RUNNING")
+            self.progress.update(self.bar, info=f"{running} running, epoch {result.get('epoch')}")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.bar, len(trial.config["unit"]["seeds"]))
+
+
+def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: str, already: int, planned: int) -> int:
+    """Run the units as Ray Tune trials with reused actors; returns how many failed."""
+    from ray import tune
+
+    from trainables.trainable import FinelineTrainable
+
+    ex = cfg.execution
+    storage = (out / name / "ray").resolve()
+    trainable = tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial})
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+    )
+
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"unit": tune.grid_search(payloads)},
+        tune_config=tune.TuneConfig(reuse_actors=True, num_samples=1),
+        run_config=tune.RunConfig(
+            name=f"run-{int(time.time())}",
+            storage_path=str(storage),
+            verbose=0,
+            callbacks=[ProgressCallback(progress, f"study {name}: seeds", planned, already)],
+            failure_config=tune.FailureConfig(max_failures=ex.max_failures),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+        ),
+    )
+    with progress:
+        results = tuner.fit()
+    failed = sum(1 for r in results if r.error is not None)
+    for r in results:
+        if r.error is not None:
+            console.print(f"[red]unit failed:[/red] {type(r.error).__name__}: {str(r.error)[-2000:]}")
+    if not failed:
+        shutil.rmtree(storage, ignore_errors=True)
+    return failed

@@ -1,0 +1,42 @@
+"""``study status``: per grid point, what is planned, committed, diverged and pending."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from study import manifest
+from trainables.errors import StudyStateError
+from trainables.results import table_dir
+
+
+def study_status(out: Path, name: str) -> list[dict[str, Any]]:
+    """One dict per grid point: point, trial_id, planned, done, ok, diverged, pending."""
+    m = manifest.read(out, name)
+    if m is None:
+        raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
+    status: dict[str, dict[str, int]] = {}
+    folder = table_dir(out, "runs", name)
+    if folder.is_dir():
+        for path in folder.glob("*.parquet"):
+            t = pq.read_table(path, columns=["trial_id", "seed", "status"]).to_pylist()
+            for r in t:
+                d = status.setdefault(r["trial_id"], {})
+                d[r["status"]] = d.get(r["status"], 0) + 1
+    rows = []
+    for p in m.get("points", []):
+        d = status.get(p["trial_id"], {})
+        done = sum(d.values())
+        rows.append({
+            "point": json.dumps(p.get("point") or {}, sort_keys=True),
+            "trial_id": p["trial_id"],
+            "planned": p["seeds"],
+            "done": done,
+            "ok": d.get("ok", 0),
+            "diverged": d.get("diverged", 0),
+            "pending": max(0, p["seeds"] - done),
+        })
+    return rows

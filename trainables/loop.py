@@ -1,0 +1,431 @@
+"""The bundled training loop: K seeds of one config trained as one computation.
+
+:class:`BundleRun` owns one bundle: the model (K stacked replicas), the optimizer, each
+member's data order and dropout stream, and each member's early-stopping state. One
+call to :meth:`BundleRun.train_round` runs one *round*: an epoch (epoch-based training)
+or ``eval_every_steps`` optimizer steps (step-based training), then evaluates the curve
+splits and applies the selection rule per member. A member that stopped (or diverged)
+is masked out of the loss; its selected parameters were saved when selected, and its
+current parameters are never read again, so the others go on exactly as lone runs.
+
+Nothing here knows about Ray: the Ray Tune trainable (``trainables.trainable``) drives a
+BundleRun and checkpoints it with :meth:`state_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainables.models.base import MemberNoise, Model
+from trainables.registry import MODELS, TASKS
+from trainables.seeding import SeedSet, numpy_rng, torch_generator
+from trainables.spec import RunSpec
+from trainables.tasks.base import Arrays, SeqPairs, SeqTags, Split, SplitData, Task, TaskData
+
+Rows = list[dict[str, Any]]
+
+
+@dataclass
+class Member:
+    """Bookkeeping for one seed of a bundle."""
+
+    seeds: SeedSet
+    status: str = "running"
+    """running | stopped | diverged"""
+    best_value: float | None = None
+    best_epoch: int | None = None
+    best_step: int | None = None
+    best_params: dict[str, torch.Tensor] | None = None
+    bad_rounds: int = 0
+    rounds_run: int = 0
+    metrics: Rows = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass
+class Evaluation:
+    """Per-member results on one split: metric means, per-example scores and predictions."""
+
+    means: list[dict[str, float]]
+    """K dicts metric -> value (``loss`` included)."""
+    per_example: list[dict[str, np.ndarray]]
+    predictions: list[list[Any]]
+
+
+def build_model(spec: RunSpec, data: TaskData, seeds: Sequence[SeedSet]) -> Model:
+    """The K-member model, each member initialised from its own ``init_seed``."""
+    model_cls = MODELS.get(spec.model_name)
+    model = model_cls(spec.model, data.meta, len(seeds))
+    for k, s in enumerate(seeds):
+        model.init_member(k, torch_generator(s.init_seed))
+    return model
+
+
+def _lengths(data: SplitData) -> np.ndarray:
+    if isinstance(data, SeqPairs):
+        return np.fromiter((len(s) for s in data.src), dtype=np.int64, count=len(data))
+    if isinstance(data, SeqTags):
+        return np.fromiter((len(s) for s in data.x), dtype=np.int64, count=len(data))
+    return np.zeros(len(data), dtype=np.int64)
+
+
+def concat_arrays(parts: Sequence[Arrays]) -> Arrays:
+    return Arrays(
+        x=np.concatenate([p.x for p in parts]),
+        y=np.concatenate([p.y for p in parts]),
+        ids=np.concatenate([p.ids for p in parts]),
+    )
+
+
+class BundleRun:
+    """Train K seeds of one :class:`RunSpec` as one vectorised computation."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        seeds: Sequence[SeedSet],
+        task: Task,
+        data: TaskData,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        data_seeds = {s.data_seed for s in seeds}
+        if len(data_seeds) != 1:
+            raise ValueError("a bundle's members must share one data_seed (one dataset)")
+        self.spec = spec
+        self.train_cfg = spec.train
+        self.task = task
+        self.data = data
+        self.device = torch.device(device)
+        self.k = len(seeds)
+        self.members = [Member(s) for s in seeds]
+        self.model = build_model(spec, data, seeds).to(self.device)
+        self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device)
+        self.order_rngs = [numpy_rng(s.order_seed) for s in seeds]
+        self.fused = None
+        if hasattr(self.model, "make_fused_step"):
+            self.fused = self.model.make_fused_step(self.train_cfg)
+        self.optimizer = self._optimizer() if self.fused is None else None
+        self.train_split = data.train
+        self.n_train = len(self.train_split)
+        self.step_based = self.train_cfg.max_steps is not None or task.fresh_samples
+        self.epoch = 0
+        self.step = 0
+        self.rounds = 0
+        self.streams: list[tuple[np.ndarray, int]] = [(np.empty(0, np.int64), 0)] * self.k
+        self.wall_s = 0.0
+        self.last_eval: dict[str, list[dict[str, float]]] = {}
+        self._check_splits()
+
+    # ----------------------------------------------------------------- setup
+    def _check_splits(self) -> None:
+        sel = self.train_cfg.selection
+        names = set(self.data.splits)
+        wanted = [*self.train_cfg.curve_splits] + ([sel.split] if sel.mode != "last" else [])
+        for name in wanted:
+            if name not in names:
+                from trainables.errors import ConfigError
+
+                raise ConfigError(
+                    "train.selection.split" if name == sel.split else "train.curve_splits",
+                    f"task {self.task.name!r} has no split {name!r}",
+                    f"use one of: {', '.join(sorted(names))}",
+                )
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.train_cfg
+        params = list(self.model.parameters())
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        return torch.optim.Adam(
+            params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay, foreach=False,
+        )
+
+    @property
+    def done(self) -> bool:
+        if not any(m.active for m in self.members):
+            return True
+        if self.step_based:
+            return self.train_cfg.max_steps is not None and self.step >= self.train_cfg.max_steps
+        return self.epoch >= self.train_cfg.max_epochs
+
+    def _active_mask(self) -> torch.Tensor:
+        return torch.tensor([m.active for m in self.members], device=self.device)
+
+    # ----------------------------------------------------------------- training
+    def _next_rows(self, k: int, b: int) -> np.ndarray:
+        """Member k's next ``b`` training rows from its own endless shuffled stream."""
+        perm, pos = self.streams[k]
+        out: list[np.ndarray] = []
+        need = b
+        while need > 0:
+            if pos >= len(perm):
+                perm, pos = self.order_rngs[k].permutation(self.n_train), 0
+            take = perm[pos : pos + need]
+            out.append(take)
+            pos += len(take)
+            need -= len(take)
+        self.streams[k] = (perm, pos)
+        return np.concatenate(out)
+
+    def _train_batch(self) -> tuple[SplitData, list[np.ndarray]]:
+        b = self.train_cfg.batch_size
+        if self.task.fresh_samples:
+            parts = [self.task.sample_train(self.data, self.order_rngs[k], b) for k in range(self.k)]
+            assert all(isinstance(p, Arrays) for p in parts)
+            data = concat_arrays(parts)  # type: ignore[arg-type]
+            return data, [np.arange(k * b, (k + 1) * b) for k in range(self.k)]
+        return self.train_split.data, [self._next_rows(k, b) for k in range(self.k)]
+
+    def _set_lr(self) -> None:
+        sched = self.train_cfg.lr_halving
+        if sched is None or self.optimizer is None:
+            return
+        steps_per_epoch = max(1, math.ceil(self.n_train / self.train_cfg.batch_size))
+        epoch_f = self.step / steps_per_epoch
+        halvings = 0
+        if epoch_f > sched.start_epoch:
+            halvings = int((epoch_f - sched.start_epoch) // sched.every_epochs) + 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.train_cfg.lr * 0.5**halvings
+
+    def _clip(self) -> None:
+        max_norm = self.train_cfg.clip_norm
+        if max_norm is None:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        sq = torch.stack([g.reshape(self.k, -1).pow(2).sum(1) for g in grads]).sum(0)  # (K,)
+        coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # (K,)
+        for g in grads:
+            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+
+    def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
+        batch = self.model.make_batch(data, rows, self.device)
+        active = self._active_mask()
+        if self.fused is not None:
+            return self.fused(batch, active)
+        assert self.optimizer is not None
+        self._set_lr()
+        self.optimizer.zero_grad(set_to_none=True)
+        losses = self.model.loss(batch, self.noise, self.train_cfg.loss_reduction)  # (K,)
+        torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
+        self._clip()
+        self.optimizer.step()
+        return losses.detach()
+
+    def train_round(self) -> dict[str, Any]:
+        """One epoch (or ``eval_every_steps`` steps), then curves and selection."""
+        t0 = time.perf_counter()
+        cfg = self.train_cfg
+        if self.step_based:
+            n_steps = cfg.eval_every_steps
+            if cfg.max_steps is not None:
+                n_steps = min(n_steps, cfg.max_steps - self.step)
+        else:
+            n_steps = math.ceil(self.n_train / cfg.batch_size)
+            self.streams = [(self.order_rngs[k].permutation(self.n_train), 0) for k in range(self.k)]
+        running = [m.active for m in self.members]
+        loss_sum = torch.zeros(self.k, dtype=torch.float64, device=self.device)
+        n_examples = 0
+        for _ in range(n_steps):
+            data, rows = self._train_batch()
+            losses = self._optimizer_step(data, rows)
+            self.step += 1
+            loss_sum += losses.double()
+            n_examples += len(rows[0])
+            bad = ~torch.isfinite(losses)
+            if bool(bad.any()):
+                for k in torch.nonzero(bad).flatten().tolist():
+                    if self.members[k].active:
+                        self.members[k].status = "diverged"
+        self.rounds += 1
+        if not self.step_based:
+            self.epoch += 1
+        epoch = None if self.step_based else self.epoch
+        objective = (loss_sum / max(n_examples, 1)).tolist()
+        for k, m in enumerate(self.members):
+            if running[k]:
+                m.rounds_run += 1
+                m.metrics.append(self._row(m, epoch, "train", "train", "objective", objective[k]))
+        self._evaluate_round(running, epoch)
+        self.wall_s += time.perf_counter() - t0
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "active": sum(m.active for m in self.members),
+            "objective": float(np.nanmean(objective)) if n_examples else float("nan"),
+        }
+
+    # ----------------------------------------------------------------- evaluation
+    def _row(self, m: Member, epoch: int | None, split: str, role: str, metric: str, value: float) -> dict[str, Any]:
+        return {
+            "seed": m.seeds.index, "epoch": epoch, "step": self.step,
+            "split": split, "role": role, "metric": metric, "value": float(value),
+        }
+
+    @torch.no_grad()
+    def evaluate(self, split: Split, predictions: bool = False) -> Evaluation:
+        """Evaluate every member on ``split`` (chunks sorted by length)."""
+        n = len(split)
+        order = np.argsort(_lengths(split.data), kind="stable")
+        losses = np.zeros((self.k, n))
+        preds: list[list[Any]] = [[None] * n for _ in range(self.k)]
+        bs = self.train_cfg.eval_batch_size
+        for start in range(0, n, bs):
+            rows = order[start : start + bs]
+            batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
+            losses[:, rows] = self.model.example_losses(batch).double().cpu().numpy()
+            out = self.model.predict(batch)
+            for k in range(self.k):
+                for j, r in enumerate(rows):
+                    preds[k][r] = out[k][j]
+        means: list[dict[str, float]] = []
+        per_example: list[dict[str, np.ndarray]] = []
+        for k in range(self.k):
+            scores = self.task.score(split, preds[k])
+            per_example.append(scores)
+            mk = {"loss": float(losses[k].mean()) if n else float("nan")}
+            mk.update({name: float(np.mean(v)) if n else float("nan") for name, v in scores.items()})
+            means.append(mk)
+        return Evaluation(means, per_example, preds if predictions else [])
+
+    def _evaluate_round(self, running: list[bool], epoch: int | None) -> None:
+        cfg = self.train_cfg
+        sel = cfg.selection
+        names = list(dict.fromkeys([*cfg.curve_splits, *([sel.split] if sel.mode != "last" else [])]))
+        if epoch is not None and epoch in cfg.snapshot_epochs:
+            names = list(self.data.splits)
+        results = {name: self.evaluate(self.data.splits[name]) for name in names}
+        self.last_eval = {
+            name: [ev.means[k] for k in range(self.k) if running[k]] for name, ev in results.items()
+        }
+        for name, ev in results.items():
+            role = self.data.splits[name].role
+            for k, m in enumerate(self.members):
+                if running[k]:
+                    m.metrics.extend(self._row(m, epoch, name, role, met, v) for met, v in ev.means[k].items())
+        for k, m in enumerate(self.members):
+            if not running[k] or m.status == "diverged":
+                continue
+            value = math.nan if sel.mode == "last" else results[sel.split].means[k][sel.metric]
+            self._select(k, m, value, epoch)
+
+    def _select(self, k: int, m: Member, value: float, epoch: int | None) -> None:
+        sel = self.train_cfg.selection
+        better = (
+            sel.mode == "last"
+            or m.best_value is None
+            or (sel.mode == "max" and value > m.best_value)
+            or (sel.mode == "min" and value < m.best_value)
+        )
+        if better:
+            m.best_value, m.best_epoch, m.best_step = value, epoch, self.step
+            m.best_params = self.model.member_state(k)
+            m.bad_rounds = 0
+        else:
+            m.bad_rounds += 1
+        if not sel.early_stop or sel.mode == "last" or m.best_value is None:
+            return
+        armed = sel.arm_above is None or (
+            m.best_value > sel.arm_above if sel.mode == "max" else m.best_value < sel.arm_above
+        )
+        if armed and m.bad_rounds >= sel.patience and m.rounds_run >= sel.min_epochs:
+            m.status = "stopped"
+
+    # ----------------------------------------------------------------- results
+    def finalize(self, render: Callable[[Split, int], tuple[str, str]] | None = None) -> list[dict[str, Rows]]:
+        """Evaluate every member at its selected epoch on every split.
+
+        Returns one dict per member with ``metrics``, ``evals`` and ``predictions`` rows
+        (without study/trial columns) and a ``run`` summary.
+        """
+        for k, m in enumerate(self.members):
+            if m.best_params is not None:
+                self.model.load_member_state(k, m.best_params)
+        out: list[dict[str, Rows]] = [
+            {"metrics": m.metrics, "evals": [], "predictions": []} for m in self.members
+        ]
+        for name, split in self.data.splits.items():
+            want_preds = self.train_cfg.predictions and split.role == "test"
+            ev = self.evaluate(split, predictions=want_preds)
+            for k, m in enumerate(self.members):
+                if m.best_params is None:
+                    continue
+                out[k]["evals"].extend(
+                    {"seed": m.seeds.index, "split": name, "role": split.role, "metric": met, "value": v}
+                    for met, v in ev.means[k].items()
+                )
+                if want_preds:
+                    correct = ev.per_example[k][self.task.primary_metric] > 0.5
+                    for i in range(len(split)):
+                        inp, tgt = render(split, i) if render else ("", "")
+                        out[k]["predictions"].append({
+                            "seed": m.seeds.index, "split": name,
+                            "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
+                            "prediction": self.task.render(split, ev.predictions[k][i]),
+                            "correct": bool(correct[i]),
+                        })
+        for k, m in enumerate(self.members):
+            status = "diverged" if m.status == "diverged" else "ok"
+            out[k]["run"] = [{
+                "status": status, "selected_epoch": m.best_epoch, "selected_step": m.best_step,
+                "epochs_run": m.rounds_run,
+            }]
+        return out
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "fused": self.fused.state_dict() if self.fused is not None else None,
+            "noise": self.noise.state(),
+            "order": [r.bit_generator.state for r in self.order_rngs],
+            "streams": self.streams,
+            "counters": (self.epoch, self.step, self.rounds, self.wall_s),
+            "members": [m.__dict__.copy() for m in self.members],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.fused is not None and state["fused"] is not None:
+            self.fused.load_state_dict(state["fused"])
+        self.noise.set_state(state["noise"])
+        for r, s in zip(self.order_rngs, state["order"], strict=True):
+            r.bit_generator.state = s
+        self.streams = state["streams"]
+        self.epoch, self.step, self.rounds, self.wall_s = state["counters"]
+        for m, d in zip(self.members, state["members"], strict=True):
+            m.__dict__.update(d)
+
+
+def render_example(data: TaskData, split: Split, i: int) -> tuple[str, str]:
+    """(input, target) of example ``i`` as text, for the ``predictions`` table."""
+    d = split.data
+    if isinstance(d, SeqPairs):
+        src, tgt = data.meta.get("src_vocab"), data.meta.get("tgt_vocab")
+        if src is not None and tgt is not None:
+            return " ".join(src.decode(d.src[i])), " ".join(tgt.decode(d.tgt[i]))
+    if isinstance(d, SeqTags):
+        x = d.x[i]
+        text = "".join("()"[int(t)] for t in x[:60]) + (f"...({len(x)})" if len(x) > 60 else "")
+        return text, ""
+    if isinstance(d, Arrays):
+        return "", str(int(d.y[i]))
+    return "", ""
+
+
+def get_task(spec: RunSpec) -> Task:
+    return TASKS.get(spec.task_name)(spec.task)

@@ -1,0 +1,160 @@
+"""The Parquet result sink: table schemas, atomic writes and the commit protocol.
+
+Layout under a results folder OUT (hive-partitioned by study)::
+
+    OUT/tables/<table>/study=<NAME>/<file>.parquet
+
+* ``trials``: one file per executed unit (a trial's bundle of seeds), named by unit_id.
+* ``metrics``, ``evals``, ``predictions``: one file per (trial, seed), named
+  ``<trial_id>-<seed>``; a re-run of the same (trial, seed) replaces it.
+* ``runs``: one file per (trial, seed), written LAST: it is the commit marker. Readers
+  (``analysis.db``) show a (trial, seed)'s rows only once its runs row exists.
+
+Every file is written to a temporary name in the same folder and renamed into place,
+so a crash never leaves a half-written Parquet file under a final name.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TS = pa.timestamp("us", tz="UTC")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "runs": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("unit_id", pa.string()),
+            ("seed", pa.int64()),
+            ("init_seed", pa.int64()),
+            ("order_seed", pa.int64()),
+            ("dropout_seed", pa.int64()),
+            ("data_seed", pa.int64()),
+            ("selected_epoch", pa.int64()),
+            ("selected_step", pa.int64()),
+            ("epochs_run", pa.int64()),
+            ("status", pa.string()),
+            ("node", pa.string()),
+            ("wall_s", pa.float64()),
+            ("committed_at", TS),
+        ]
+    ),
+    "metrics": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("epoch", pa.int64()),
+            ("step", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+        ]
+    ),
+    "evals": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+        ]
+    ),
+    "predictions": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("example_id", pa.int64()),
+            ("input", pa.string()),
+            ("target", pa.string()),
+            ("prediction", pa.string()),
+            ("correct", pa.bool_()),
+        ]
+    ),
+}
+TABLES = ("trials", "runs", "metrics", "evals", "predictions")
+
+
+def table_dir(out: Path, table: str, study: str) -> Path:
+    return Path(out) / "tables" / table / f"study={study}"
+
+
+def write_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` via a temporary file and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def to_table(name: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Rows -> an Arrow table with the fixed schema of ``name`` (trials: inferred)."""
+    if name in SCHEMAS:
+        schema = SCHEMAS[name]
+        return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+    return pa.Table.from_pylist([dict(r) for r in rows])
+
+
+def write_rows(out: Path, study: str, name: str, file_stem: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Atomically write ``rows`` of table ``name`` as one file (replacing a previous one)."""
+    write_atomic(to_table(name, rows), table_dir(out, name, study) / f"{file_stem}.parquet")
+
+
+def commit_seed(
+    out: Path,
+    study: str,
+    trial_id: str,
+    seed: int,
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    run_row: Mapping[str, Any],
+) -> None:
+    """Write one (trial, seed)'s rows, then its runs row last (the commit marker)."""
+    stem = f"{trial_id}-{seed}"
+    for name in ("metrics", "evals", "predictions"):
+        write_rows(out, study, name, stem, tables.get(name, []))
+    write_rows(out, study, "runs", stem, [run_row])
+
+
+def committed(out: Path, study: str) -> set[tuple[str, int]]:
+    """The (trial_id, seed) pairs of ``study`` that have a runs row (are committed)."""
+    folder = table_dir(out, "runs", study)
+    if not folder.is_dir():
+        return set()
+    done: set[tuple[str, int]] = set()
+    files = [p for p in folder.glob("*.parquet")]
+    for path in files:
+        t = pq.read_table(path, columns=["trial_id", "seed"])
+        for tid, seed in zip(t.column("trial_id").to_pylist(), t.column("seed").to_pylist(), strict=True):
+            done.add((tid, int(seed)))
+    return done
+
+
+def flatten(prefix: str, value: Any, into: dict[str, Any]) -> dict[str, Any]:
+    """Flatten nested config dicts into ``<block>_<field>`` scalar columns."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            flatten(f"{prefix}_{k}" if prefix else str(k), v, into)
+    elif isinstance(value, bool | int | float | str) or value is None:
+        into[prefix] = value
+    elif isinstance(value, Iterable):
+        into[prefix] = str(list(value))
+    return into

@@ -1,0 +1,169 @@
+"""What one trial trains: the task, model and training-procedure configs, resolved.
+
+A :class:`RunSpec` is the part of a study config that decides the numbers a run
+produces; its canonical JSON hashes to the ``trial_id``. Execution details (how many
+seeds, bundle size, device, resources) are deliberately NOT part of it: a resumed study,
+on any machine and with any bundling, finds its completed work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError
+
+
+class SelectionConfig(FrozenConfig):
+    """Which epoch's parameters a run keeps, and when it stops early."""
+
+    split: str = "val"
+    """Split whose metric selects the epoch (its role must be ``val``)."""
+    metric: str = "accuracy"
+    """Metric on that split (``loss`` or any metric the task scores)."""
+    mode: Literal["max", "min", "last"] = "max"
+    """``max``/``min``: keep the best epoch (ties keep the earlier); ``last``: keep the final one."""
+    early_stop: bool = True
+    """Stop a run once the metric fails to improve for ``patience`` consecutive evaluations."""
+    patience: int = Field(1, ge=1)
+    """Consecutive non-improving evaluations that stop a run (1 = the paper's rule)."""
+    arm_above: float | None = 0.0
+    """Early stopping is armed only once the best value is above this (max mode) or below it
+    (min mode); ``null`` arms it at once. Weber et al.'s rule fires at epoch 2 when val
+    accuracy sits at 0 for a while, so the paper config arms it once accuracy is above 0."""
+    min_epochs: int = Field(1, ge=1)
+    """Never stop before this many epochs."""
+
+
+class LrHalving(FrozenConfig):
+    """Halve the learning rate on a schedule (Sutskever et al. 2014)."""
+
+    start_epoch: float = 5.0
+    """Epoch (fractional allowed) after which halving starts."""
+    every_epochs: float = 0.5
+    """Halve every this many epochs after ``start_epoch``."""
+
+
+class TrainConfig(FrozenConfig):
+    """The training procedure."""
+
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    """Plain SGD (no momentum) or Adam."""
+    lr: float = Field(0.125, gt=0)
+    """Learning rate."""
+    batch_size: int = Field(64, ge=1)
+    """Examples per member per optimizer step."""
+    clip_norm: float | None = Field(5.0, gt=0)
+    """Per-member global gradient-norm clip; ``null`` disables clipping."""
+    loss_reduction: str = "sum"
+    """How the loss of a batch is reduced (model-specific; seq2seq: ``sum`` over every target
+    token, ``token_mean``, ``step_mean_sum``). Only ``sum`` learns at the paper's SGD lr 0.125."""
+    max_epochs: int = Field(30, ge=1)
+    """Cap on epochs (epoch-based training)."""
+    max_steps: int | None = Field(None, ge=1)
+    """Step-based training: total optimizer steps (then ``eval_every_steps`` sets the curve)."""
+    eval_every_steps: int = Field(1, ge=1)
+    """Step-based training: evaluate the curve splits every this many steps."""
+    curve_splits: tuple[str, ...] = ()
+    """Splits evaluated after every epoch (or eval round) for learning curves, besides the
+    selection split."""
+    snapshot_epochs: tuple[int, ...] = ()
+    """Epochs after which EVERY split is evaluated and stored in ``metrics``."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's betas."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon."""
+    weight_decay: float = Field(0.0, ge=0)
+    """L2 weight decay."""
+    lr_halving: LrHalving | None = None
+    """Optional learning-rate halving schedule."""
+    compile: bool = False
+    """Use a model's compiled fast path where it has one (costs a cold compile)."""
+    eval_batch_size: int = Field(1024, ge=1)
+    """Examples per evaluation chunk."""
+    predictions: bool = True
+    """Write per-example predictions of the test splits (the ``predictions`` table)."""
+    selection: SelectionConfig = SelectionConfig()
+    """Model selection and early stopping."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A resolved (task, model, training) config: what a trial trains."""
+
+    task_name: str
+    task: FrozenConfig
+    model_name: str
+    model: FrozenConfig
+    train: TrainConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": {"name": self.task_name, **self.task.model_dump(mode="json")},
+            "model": {"name": self.model_name, **self.model.model_dump(mode="json")},
+            "train": self.train.model_dump(mode="json"),
+        }
+
+    def trial_id(self, extra: dict[str, Any] | None = None) -> str:
+        """Stable hash of the resolved config (plus ``extra``, e.g. seed derivation)."""
+        payload = {**self.to_dict(), **(extra or {})}
+        blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunSpec:
+        """Validate a raw ``{task, model, train}`` dict; errors name the field and the fix."""
+        from trainables.registry import MODELS, TASKS
+
+        for block in ("task", "model"):
+            if not isinstance(raw.get(block), dict) or "name" not in raw[block]:
+                raise ConfigError(
+                    f"{block}.name", f"missing {block} name",
+                    f"add `{block}: {{name: ...}}`; valid: "
+                    + ", ".join((TASKS if block == "task" else MODELS).names()),
+                )
+        task_raw = dict(raw["task"])
+        model_raw = dict(raw["model"])
+        task_cls = TASKS.get(task_raw.pop("name"))
+        model_cls = MODELS.get(model_raw.pop("name"))
+        if model_cls.data_kind != task_cls.data_kind:
+            valid = [m.name for m in MODELS if m.data_kind == task_cls.data_kind]
+            raise ConfigError(
+                "model.name",
+                f"model {model_cls.name!r} consumes {model_cls.data_kind!r} data but task "
+                f"{task_cls.name!r} produces {task_cls.data_kind!r}",
+                f"use a model for this task: {', '.join(valid)}",
+            )
+        task_cfg = validate(task_cls.Config, task_raw, "task")
+        model_cfg = validate(model_cls.Config, model_raw, "model")
+        train_cfg = validate(TrainConfig, dict(raw.get("train") or {}), "train")
+        return cls(task_cls.name, task_cfg, model_cls.name, model_cfg, train_cfg)
+
+
+def validate(schema: type[FrozenConfig], raw: dict[str, Any], prefix: str) -> Any:
+    """Validate ``raw`` against ``schema``; the first problem becomes a ConfigError."""
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error(exc, prefix, schema) from None
+
+
+def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) -> ConfigError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        fields = ", ".join(schema.model_fields)
+        return ConfigError(loc, "unknown field", f"remove it or use one of: {fields}")
+    if kind == "missing":
+        return ConfigError(loc, "required field missing", "add it to the config")
+    got = err.get("input")
+    fix = err["msg"][0].lower() + err["msg"][1:]
+    if "ctx" in err and "expected" in err["ctx"]:
+        fix = f"use one of {err['ctx']['expected']}"
+    return ConfigError(loc, f"invalid value {got!r} ({err['msg']})", fix)

@@ -1,0 +1,73 @@
+"""Turning a tuning candidate (sampled params) into a unit, and scoring its objective.
+
+Lives on the trainables side because the Ray worker builds the unit from the params
+Optuna sampled; ``study.tuning`` builds the template.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trainables.results import flatten
+from trainables.spec import RunSpec
+
+
+def param_column(path: str) -> str:
+    """``train.lr`` -> ``param_train_lr`` (a trials-table column)."""
+    return "param_" + path.replace(".", "_")
+
+
+def apply_params(spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a ``{task, model, train}`` dict with dotted ``params`` set."""
+    out = copy.deepcopy(spec)
+    for path, value in params.items():
+        cur = out
+        *parents, leaf = path.split(".")
+        for p in parents:
+            cur = cur.setdefault(p, {})
+        cur[leaf] = value
+    return out
+
+
+def unit_from_template(template: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The unit payload of one candidate: template + params, with its own trial_id."""
+    spec_dict = apply_params(template["base_spec"], params)
+    spec = RunSpec.from_dict(spec_dict)
+    resolved = spec.to_dict()
+    trial_id = spec.trial_id(template["seed_extra"])
+    seeds = template["seeds"]
+    unit_key = f"{trial_id}:{','.join(str(s['index']) for s in seeds)}"
+    flat = flatten("", resolved, {})
+    flat.pop("task_name", None)
+    flat.pop("model_name", None)
+    flat.update({param_column(k): float(v) for k, v in params.items()})
+    return {
+        **{k: v for k, v in template.items() if k not in ("base_spec", "seed_extra")},
+        "spec": resolved,
+        "trial_id": trial_id,
+        "unit_id": hashlib.sha256(unit_key.encode()).hexdigest()[:16],
+        "config_json": json.dumps({**resolved, **template["seed_extra"]}, sort_keys=True),
+        "point_json": json.dumps(params, sort_keys=True),
+        "flat": flat,
+        "params": params,
+    }
+
+
+def aggregate(values: Sequence[float], how: str) -> float:
+    """Mean, median or interquartile mean (IQM: mean of the middle 50%) of ``values``."""
+    v = np.sort(np.asarray([x for x in values if np.isfinite(x)], dtype=float))
+    if len(v) == 0:
+        return float("nan")
+    if how == "median":
+        return float(np.median(v))
+    if how == "iqm":
+        n = len(v)
+        lo, hi = int(np.floor(n * 0.25)), int(np.ceil(n * 0.75))
+        return float(v[lo:hi].mean()) if hi > lo else float(v.mean())
+    return float(v.mean())
