@@ -85,11 +85,12 @@ def run_study(
     manifest_mod.prepare(out, name, cfg, kind, analysis, extra_manifest)
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
     device = resolve_device(cfg)
+    units, planned, already = plan_units(cfg, out, name, device, 1)
+    if not units:
+        console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
+        return {"planned": planned, "done": already, "ran": 0, "failed": 0}
     with ray_session(address, num_cpus) as resources:
         units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
-        if not units:
-            console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
-            return {"planned": planned, "done": already, "ran": 0, "failed": 0}
         payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
         failed = launch(payloads, cfg, out, name, already, planned)
     if failed:
@@ -100,36 +101,11 @@ def run_study(
     return {"planned": planned, "done": planned, "ran": planned - already, "failed": 0}
 
 
-def _callback_base() -> type:
-    from ray.tune import Callback
-
-    return Callback
-
-
-class ProgressCallback(_callback_base()):  # type: ignore[misc]
-    """Seeds committed, as a progress bar (the bar is not pickled with the Tuner's state)."""
-
-    def __init__(self, progress: Progress, title: str, total: int, done: int) -> None:
-        self.progress: Progress | None = progress
-        self.bar = progress.add_task(title, total=total, completed=done, info="")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "progress": None}
-
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if self.progress is not None:
-            running = sum(1 for t in trials if t.status == "RUNNING")
-            self.progress.update(self.bar, info=f"{running} running, epoch {result.get('epoch')}")
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if self.progress is not None:
-            self.progress.advance(self.bar, len(trial.config["unit"]["seeds"]))
-
-
 def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: str, already: int, planned: int) -> int:
     """Run the units as Ray Tune trials with reused actors; returns how many failed."""
     from ray import tune
 
+    from study.progress import ProgressCallback
     from trainables.trainable import FinelineTrainable
 
     ex = cfg.execution

@@ -69,6 +69,8 @@ class Model(nn.Module, ABC):
     name: ClassVar[str]
     Config: ClassVar[type[FrozenConfig]]
     data_kind: ClassVar[DataKind]
+    tiny: ClassVar[dict[str, Any]] = {}
+    """Config overrides for a small, fast model in the contract test."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__()

@@ -153,6 +153,11 @@ class Task(ABC):
     """Per-example metric that marks an example correct in the ``predictions`` table."""
     fresh_samples: ClassVar[bool] = False
     """True if training draws fresh samples each step (see :meth:`sample_train`)."""
+    tiny: ClassVar[dict[str, Any]] = {}
+    """Config overrides for a tiny dataset (the contract test trains every pair on it).
+    A ``data_dir`` value here is a folder name under the reference data (``../shared/data``)."""
+    tiny_train: ClassVar[dict[str, Any]] = {}
+    """Train-config overrides that suit this task in the contract test (optimizer, batch)."""
 
     def __init__(self, config: FrozenConfig) -> None:
         self.config = config

@@ -1,0 +1,122 @@
+"""End to end through the real CLI: a tiny study on a real local Ray -> Parquet -> SQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+TINY = {
+    "name": "tiny",
+    "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 300, "val_size": 40,
+             "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
+             "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
+    "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
+    "train": {"batch_size": 16, "max_epochs": 2},
+    "seeds": {"count": 3, "root": 5},
+    "execution": {"bundle_size": 2},
+}
+
+
+def study(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        [sys.executable, "-m", "study.cli", *args], capture_output=True, text=True, timeout=600,
+        env={"RAY_USAGE_STATS_ENABLED": "0", "PATH": "/usr/bin:/bin", **_py_env()},
+    )
+    if check and res.returncode != 0:
+        raise AssertionError(f"study {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def _py_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k in ("HOME", "PYTHONPATH", "VIRTUAL_ENV", "LANG")}
+
+
+def sql(out: Path, query: str) -> list[dict]:
+    return json.loads(study("sql", "--out", str(out), "--format", "json", query).stdout)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("e2e")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = root / "results"
+    study("run", str(cfg), "--out", str(out), "--num-cpus", "2")
+    return cfg, out
+
+
+def test_run_lands_one_eval_row_per_seed_split_metric(finished: tuple[Path, Path]) -> None:
+    _, out = finished
+    rows = sql(out, "SELECT seed, split, metric, value FROM evals WHERE study = 'tiny'")
+    splits = {"train", "val", "val_ood", "standard", "repeat", "short", "long"}
+    keys = {(r["seed"], r["split"], r["metric"]) for r in rows}
+    assert len(keys) == len(rows), "duplicate evals rows"
+    assert {r["seed"] for r in rows} == {0, 1, 2}
+    assert {r["split"] for r in rows} == splits
+    assert len(rows) == 3 * len(splits) * 3  # loss, accuracy, exact
+    assert all(0.0 <= r["value"] <= 1.0 for r in rows if r["metric"] == "accuracy")
+    runs = sql(out, "SELECT seed, status, selected_epoch, init_seed, data_seed FROM runs ORDER BY seed")
+    assert [r["seed"] for r in runs] == [0, 1, 2]
+    assert len({r["init_seed"] for r in runs}) == 3 and len({r["data_seed"] for r in runs}) == 1
+    trials = sql(out, "SELECT unit_id, node, bundle_size, train_lr FROM trials")
+    assert sorted(t["bundle_size"] for t in trials) == [1, 2] and all(t["node"] for t in trials)
+    assert all(t["train_lr"] == 0.125 for t in trials)
+    curves = sql(out, "SELECT DISTINCT epoch FROM metrics WHERE split = 'val' AND metric = 'accuracy' ORDER BY 1")
+    assert [c["epoch"] for c in curves] == [1, 2]
+    preds = sql(out, "SELECT split, count(*) AS n FROM predictions WHERE seed = 0 GROUP BY split ORDER BY split")
+    assert {p["split"]: p["n"] for p in preds} == {"long": 40, "repeat": 40, "short": 40, "standard": 40}
+
+
+def test_rerun_and_growth_never_duplicate(finished: tuple[Path, Path]) -> None:
+    cfg, out = finished
+    before = sql(out, "SELECT count(*) AS n FROM metrics")[0]["n"]
+    res = study("run", str(cfg), "--out", str(out), "--num-cpus", "2")
+    assert "already committed" in res.stderr + res.stdout
+    assert sql(out, "SELECT count(*) AS n FROM metrics")[0]["n"] == before
+    study("run", str(cfg), "--out", str(out), "--num-cpus", "2", "--seeds", "4")
+    runs = sql(out, "SELECT seed, count(*) AS n FROM runs GROUP BY seed ORDER BY seed")
+    assert [(r["seed"], r["n"]) for r in runs] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    status = json.loads(study("status", "tiny", "--out", str(out), "--format", "json").stdout)
+    assert status[0]["planned"] == 4 and status[0]["done"] == 4 and status[0]["pending"] == 0
+
+
+def test_changed_config_under_same_name_is_refused(finished: tuple[Path, Path], tmp_path: Path) -> None:
+    _, out = finished
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "lr": 0.5}}))
+    res = study("run", str(changed), "--out", str(out), check=False)
+    assert res.returncode == 2 and "different config" in res.stderr and "--name" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ({"model": {"name": "seq2seq", "hiden_size": 8}}, "model.hiden_size"),
+        ({"task": {"name": "symbol_rewrite"}}, "task.name"),
+        ({"train": {"batch_size": "big"}}, "train.batch_size"),
+        ({"task": {"name": "symbol_rewriting", "data_dir": "/nonexistent/dir"}}, "task.data_dir"),
+    ],
+)
+def test_bad_input_fails_before_ray_and_touches_nothing(tmp_path: Path, patch: dict, needle: str) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, **patch}))
+    out = tmp_path / "results"
+    res = study("run", str(cfg), "--out", str(out), check=False)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "Fix:" in res.stderr
+    assert "ray" not in res.stderr.lower().replace("array", "")
+    assert not out.exists()
+
+
+def test_sql_is_read_only(finished: tuple[Path, Path]) -> None:
+    _, out = finished
+    for query in ("CREATE TABLE x AS SELECT 1", "COPY evals TO 'x.csv'", "DROP VIEW evals"):
+        res = study("sql", "--out", str(out), query, check=False)
+        assert res.returncode == 2 and "read-only" in res.stderr, (query, res.stderr)
