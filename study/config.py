@@ -191,6 +191,10 @@ def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc})", "fix the YAML syntax") from None
+    task = raw.get("task") if isinstance(raw, dict) else None
+    if isinstance(task, dict) and isinstance(task.get("data_dir"), str) and not Path(task["data_dir"]).is_absolute():
+        # Ray workers run in other folders: a relative data_dir means relative to where `study` runs.
+        task["data_dir"] = str((Path.cwd() / task["data_dir"]).resolve())
     return parse(raw, seeds_override)
 
 

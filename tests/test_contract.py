@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainables.errors import ConfigError
 from trainables.loop import BundleRun, get_task
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import derive_seedset
@@ -46,7 +47,12 @@ def tiny_spec(task_cls: Any, model_cls: Any, **train: Any) -> RunSpec:
 def _run(spec: RunSpec, indices: list[int]) -> BundleRun:
     seeds = [derive_seedset(11, i) for i in indices]
     task = get_task(spec)
-    run = BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
+    try:
+        run = BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
+    except ConfigError as exc:
+        if exc.field != "model.name":
+            raise
+        pytest.skip(f"{spec.model_name} cannot take {spec.task_name}'s inputs: {exc}")
     while not run.done:
         run.train_round()
     return run
@@ -109,8 +115,6 @@ def test_bundle_end_to_end_matches_lone_runs(task_cls: Any, model_cls: Any, torc
 
 
 def test_unknown_names_list_the_choices() -> None:
-    from trainables.errors import ConfigError
-
     with pytest.raises(ConfigError, match="use one of: .*symbol_rewriting"):
         TASKS.get("symbol_rewritting")
     with pytest.raises(ConfigError, match="model.name"):

@@ -1,0 +1,264 @@
+"""``study analyze``: a study's numbers as text or JSON.
+
+:func:`analyze` prints the summary across seeds per (point, split, metric) with t
+intervals, the correlation matrix of the test splits (primary metric, Pearson, with the
+number of runs per pair), the declared seed scatter's correlation with bootstrap
+intervals, and every regression the task declared. The helpers here compute the same
+numbers the report draws, so text and charts agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import queries as q
+from analysis import stats
+from analysis.context import StudyContext, axis_label, open_study
+from analysis.db import list_studies
+from analysis.errors import AnalysisError
+from analysis.formatting import jsonable, records, text_table
+from analysis.manifest import RegressionDecl
+
+
+@dataclass
+class RegressionResult:
+    """One declared regression: the (transformed) data and a fit per grid point."""
+
+    decl: RegressionDecl
+    pairs: pd.DataFrame
+    """Columns trial_id, point, seed, x, y (transformed), plus step/epoch for checkpoints."""
+    fits: dict[str, stats.Regression]
+
+
+MAX_POINT_FITS = 4
+"""Fit lines and correlations per grid point up to this many points; beyond, pool runs."""
+
+POOLED = "all runs"
+
+
+def fit_groups(pairs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The groups to fit separately: each grid point when there are 2..MAX_POINT_FITS
+    points with at least 3 runs each, else every run pooled (one group)."""
+    groups = [(str(p), sub) for p, sub in pairs.groupby("point", sort=False)]
+    if len(groups) == 1 or (
+        len(groups) <= MAX_POINT_FITS and all(len(sub) >= 3 for _, sub in groups)
+    ):
+        return groups
+    return [(POOLED, pairs)]
+
+
+def declared_regressions(ctx: StudyContext) -> list[RegressionResult]:
+    """Fit every regression the task declared, per grid point."""
+    out = []
+    for r in ctx.regressions:
+        fetch = q.run_pairs if r.over == "runs" else q.checkpoint_pairs
+        pairs = fetch(ctx.con, ctx.name, r.x, r.y, labels=ctx.labels)
+        pairs["x"] = stats.apply_transform(pairs["x"], r.x.transform)
+        pairs["y"] = stats.apply_transform(pairs["y"], r.y.transform)
+        pairs = pairs.dropna(subset=["x", "y"]).reset_index(drop=True)
+        fits = {p: stats.regress(sub["x"], sub["y"]) for p, sub in fit_groups(pairs)}
+        out.append(RegressionResult(r, pairs, fits))
+    return out
+
+
+def scatter_data(
+    ctx: StudyContext, *, n_boot: int = 2000, seed: int = 0
+) -> tuple[pd.DataFrame, dict[str, stats.Regression], dict[str, stats.Correlation]] | None:
+    """The seed scatter's pairs (trial_id, point, seed, x, y) with a fit and Pearson r
+    (bootstrap interval) per point; ``None`` when the study has no scatter axes."""
+    if ctx.scatter is None:
+        return None
+    ax, ay = ctx.scatter
+    pairs = q.run_pairs(ctx.con, ctx.name, ax, ay, labels=ctx.labels)
+    fits, corrs = {}, {}
+    for p, sub in fit_groups(pairs):
+        fits[p] = stats.regress(sub["x"], sub["y"])
+        corrs[p] = stats.correlate(sub["x"], sub["y"], n_boot=n_boot, seed=seed)
+    return pairs, fits, corrs
+
+
+def summary_table(ctx: StudyContext, level: float = 0.95) -> pd.DataFrame:
+    """Per (point, split, metric): n, mean, std, min, median, max and the t interval."""
+    e = ctx.evals
+    if e.empty:
+        return pd.DataFrame(
+            columns=[
+                "point",
+                "split",
+                "role",
+                "metric",
+                "n",
+                "mean",
+                "std",
+                "min",
+                "median",
+                "max",
+                "t_low",
+                "t_high",
+            ]
+        )
+    rows = []
+    split_rank = {s: i for i, s in enumerate(ctx.splits)}
+    for (point, split, metric), sub in e.groupby(["point", "split", "metric"], sort=False):
+        d = stats.describe(sub["value"])
+        t = stats.t_interval(sub["value"], level)
+        rows.append(
+            (
+                point,
+                split,
+                ctx.roles.get(split),
+                metric,
+                d["n"],
+                d["mean"],
+                d["std"],
+                d["min"],
+                d["median"],
+                d["max"],
+                t.low,
+                t.high,
+            )
+        )
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "point",
+            "split",
+            "role",
+            "metric",
+            "n",
+            "mean",
+            "std",
+            "min",
+            "median",
+            "max",
+            "t_low",
+            "t_high",
+        ],
+    )
+    df["_r"] = df["split"].map(split_rank)
+    return df.sort_values(["point", "_r", "metric"], kind="stable").drop(columns="_r")
+
+
+def test_correlations(ctx: StudyContext) -> list[tuple[str, stats.CorrelationMatrix]]:
+    """Per grid point: the Pearson matrix of the test splits on the primary metric."""
+    if ctx.primary is None or len(ctx.test_splits) < 2:
+        return []
+    wide = q.seed_table(ctx.con, ctx.name, metric=ctx.primary, labels=ctx.labels)
+    cols = [s for s in ctx.test_splits if s in wide.columns]
+    return [
+        (str(p), stats.correlation_matrix(sub, cols))
+        for p, sub in wide.groupby("point", sort=False)
+    ]
+
+
+def _matrix_text(m: stats.CorrelationMatrix) -> str:
+    n_values = set(m.n.to_numpy()[np.triu_indices(len(m.columns), 1)].tolist())
+    r = m.r.map(lambda v: f"{v:.3f}" if np.isfinite(v) else "nan").reset_index(names="split")
+    text = text_table(r).rsplit("\n", 1)[0]
+    if len(n_values) == 1:
+        return text + f"\n(n = {n_values.pop()} runs per pair)"
+    return text + "\n" + text_table(m.n.reset_index(names="n runs")).rsplit("\n", 1)[0]
+
+
+def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, seed: int = 0) -> str:
+    """The numbers of ``study`` in ``out`` as ``table`` text or ``json``.
+
+    Sections: status (runs done/failed/diverged), the summary across seeds per (point,
+    split, metric) with 95% t intervals, the test-split correlation matrix (primary metric,
+    Pearson r, with n), the seed scatter's Pearson and Spearman r with bootstrap intervals
+    (``n_boot`` replicates, ``default_rng(seed)``), and the declared regressions.
+    """
+    if fmt not in ("table", "json"):
+        raise AnalysisError(f"analyze prints 'table' or 'json', not {fmt!r}; pick one of those")
+    ctx = open_study(out, study)
+    try:
+        info = next(iter(list_studies(out, only=[study])), None)
+        summary = summary_table(ctx)
+        mats = test_correlations(ctx)
+        scatter = scatter_data(ctx, n_boot=n_boot, seed=seed)
+        regs = declared_regressions(ctx)
+        spearman: dict[str, stats.Correlation] = {}
+        if scatter is not None:
+            for p, sub in fit_groups(scatter[0]):
+                spearman[p] = stats.correlate(
+                    sub["x"], sub["y"], "spearman", n_boot=n_boot, seed=seed
+                )
+    finally:
+        ctx.close()
+    reg_rows = pd.DataFrame(
+        [
+            {
+                "point": p,
+                "y": axis_label(r.decl.y),
+                "x": axis_label(r.decl.x),
+                "over": r.decl.over,
+                **{
+                    k: v
+                    for k, v in f.as_dict().items()
+                    if k in ("n", "slope", "intercept", "r2", "p")
+                },
+            }
+            for r in regs
+            for p, f in r.fits.items()
+        ],
+        columns=["point", "y", "x", "over", "n", "slope", "intercept", "r2", "p"],
+    )
+    scatter_records = []
+    if scatter is not None and ctx.scatter is not None:
+        x_label, y_label = (axis_label(a) for a in ctx.scatter)
+        for corr in (scatter[2], spearman):
+            for p, c in corr.items():
+                scatter_records.append(
+                    {"point": p, "x": x_label, "y": y_label, "method": c.method, "n": c.n,
+                     "r": c.r, "p": c.p, "low": c.low, "high": c.high}
+                )  # fmt: skip
+    scatter_rows = pd.DataFrame(
+        scatter_records, columns=["point", "x", "y", "method", "n", "r", "p", "low", "high"]
+    )
+    status = info.as_dict() if info else {"name": study}
+    if fmt == "json":
+        doc: dict[str, Any] = {
+            "study": status,
+            "primary_metric": ctx.primary,
+            "summary": records(summary),
+            "correlations": [
+                {
+                    "point": p,
+                    "metric": ctx.primary,
+                    "method": m.method,
+                    "splits": list(m.columns),
+                    "r": m.r.to_numpy().tolist(),
+                    "p": m.p.to_numpy().tolist(),
+                    "n": m.n.to_numpy().tolist(),
+                }
+                for p, m in mats
+            ],
+            "scatter": records(scatter_rows),
+            "regressions": records(reg_rows),
+            "notes": ctx.notes,
+        }
+        return json.dumps(jsonable(doc), indent=1)
+    head = f"Study {study}"
+    if info:
+        head += (
+            f" ({info.kind or '?'}; task {info.task or '?'}, model {info.model or '?'}): "
+            f"{info.done} runs done of {info.planned if info.planned is not None else '?'} "
+            f"planned ({info.ok} ok, {info.failed} failed, {info.diverged} diverged)"
+        )
+    parts = [head, "", "Summary across seeds (t = 95% t interval of the mean)", text_table(summary)]
+    for p, m in mats:
+        title = f"Correlation across seeds of test-split {ctx.primary} (Pearson r)"
+        parts += ["", title + (f" - point {p}" if ctx.multi else ""), _matrix_text(m)]
+    if not scatter_rows.empty:
+        parts += ["", "Seed scatter correlation (95% bootstrap interval)", text_table(scatter_rows)]
+    if not reg_rows.empty:
+        parts += ["", "Regressions declared by the task", text_table(reg_rows)]
+    if ctx.notes:
+        parts += ["", "Notes:", *[f"- {n}" for n in ctx.notes]]
+    return "\n".join(parts)

@@ -1,0 +1,415 @@
+"""Altair charts of a study: one function per chart, DataFrames in, charts out.
+
+Every chart that draws runs draws one mark per seed, with a tooltip naming the seed and
+the trial, and takes part in one shared selection, :func:`seed_selection` (click a run
+to highlight that seed in every chart of the report; double-click to clear). When a
+study has several grid points, marks are coloured by ``point``.
+
+The DataFrames come from :mod:`analysis.queries`; column names are stated per function.
+Every function takes a :class:`ChartData` that holds the rows; :meth:`ChartData.embed`
+puts them into the finished spec, so charts have no row limit and need no server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from analysis.stats import Correlation, Regression
+
+TopChart = alt.TopLevelMixin
+"""Any Altair top-level chart (layer, concat...): what every function here returns."""
+
+SELECTION = "seed_pick"
+"""Name of the shared seed selection parameter."""
+
+GOLDEN = 0.6180339887498949
+
+
+def seed_selection() -> alt.Parameter:
+    """The seed selection shared by every chart (same name, so Altair merges them)."""
+    return alt.selection_point(fields=["seed"], name=SELECTION, on="click", clear="dblclick")
+
+
+@contextmanager
+def merging_selections() -> Iterator[None]:
+    """Altair warns when it merges the shared seed selection of composed charts: expected."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*deduplicated selection parameter.*")
+        yield
+
+
+class ChartData:
+    """The datasets of a set of charts, kept out of Altair and embedded by name.
+
+    Charts refer to their data as ``alt.NamedData(name)``; :meth:`embed` adds the rows
+    to a finished spec's top-level ``datasets``. This keeps Altair from validating and
+    copying every row (seconds for a few tens of thousands of rows) and stores a
+    dataset used by several charts once.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[dict[str, Any]]] = {}
+
+    def add(self, df: pd.DataFrame) -> alt.NamedData:
+        """Keep ``df``'s rows (numbers to 12 significant digits) and name them."""
+        text = df.to_json(orient="records", date_format="iso", double_precision=12)
+        key = "d" + hashlib.sha1(text.encode()).hexdigest()[:16]
+        if key not in self.values:
+            self.values[key] = json.loads(text)
+        return alt.NamedData(name=key)
+
+    def embed(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """``spec`` with the datasets it refers to added under ``datasets``."""
+        names: set[str] = set()
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                data = node.get("data")
+                if isinstance(data, dict) and isinstance(data.get("name"), str):
+                    names.add(data["name"])
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(spec)
+        datasets = dict(spec.get("datasets", {}))
+        datasets |= {k: self.values[k] for k in sorted(names) if k in self.values}
+        return {**spec, "datasets": datasets}
+
+
+def _fmt(v: float, digits: int = 3) -> str:
+    return "nan" if v is None or not np.isfinite(v) else f"{v:.{digits}g}"
+
+
+def _run_encodings(sel: alt.Parameter, multi: bool) -> dict[str, Any]:
+    """Colour, opacity and size channels shared by per-run marks."""
+    enc: dict[str, Any] = {
+        "opacity": alt.when(sel).then(alt.value(0.9)).otherwise(alt.value(0.2)),
+        "size": alt.when(sel, empty=False).then(alt.value(160)).otherwise(alt.value(45)),
+        "stroke": alt.when(sel, empty=False).then(alt.value("black")).otherwise(alt.value(None)),
+    }
+    if multi:
+        enc["color"] = alt.Color("point:N", title="grid point")
+    return enc
+
+
+def _run_tooltip(*extra: alt.Tooltip | str) -> list[Any]:
+    return [
+        alt.Tooltip("seed:O", title="seed"),
+        alt.Tooltip("trial_id:N", title="trial"),
+        alt.Tooltip("point:N", title="point"),
+        *extra,
+    ]
+
+
+def split_distribution(
+    store: ChartData, values: pd.DataFrame, metric: str, splits: Sequence[str], *, multi: bool
+) -> TopChart:
+    """Per-split distribution of ``metric`` across seeds: a min-max box and one dot per seed.
+
+    ``values``: one row per (trial, seed, split) with columns trial_id, point, seed, split,
+    role, value. ``splits``: x-axis order. Grid points sit side by side within a split.
+    """
+    sel = seed_selection()
+    df = values[["trial_id", "point", "seed", "split", "role", "value"]].copy()
+    df["jitter"] = (df["seed"].to_numpy() * GOLDEN) % 1.0
+    base = alt.Chart(store.add(df))
+    x = alt.X("split:N", sort=list(splits), title=None, axis=alt.Axis(labelAngle=-30))
+    y = alt.Y("value:Q", title=metric, scale=alt.Scale(zero=False))
+    box_enc: dict[str, Any] = {"x": x, "y": y}
+    dot_enc: dict[str, Any] = {"x": x, "y": y}
+    if multi:
+        box_enc |= {"xOffset": "point:N", "color": alt.Color("point:N", title="grid point")}
+        dot_enc["xOffset"] = "point:N"
+    else:
+        dot_enc["xOffset"] = alt.XOffset("jitter:Q", scale=alt.Scale(domain=[-0.6, 1.6]))
+    box = base.mark_boxplot(extent="min-max", opacity=0.25, size=22).encode(**box_enc)
+    dots = (
+        base.mark_circle()
+        .encode(
+            **dot_enc,
+            **_run_encodings(sel, multi),
+            tooltip=_run_tooltip("split:N", "role:N", alt.Tooltip("value:Q", format=".4g")),
+        )
+        .add_params(sel)
+    )
+    width = max(220, 70 * len(splits) * (df["point"].nunique() if multi else 1))
+    return alt.layer(box, dots).properties(
+        width=width, height=260, title=f"{metric} per split across seeds (one dot per seed)"
+    )
+
+
+def _line(df: pd.DataFrame, fits: dict[str, Regression]) -> pd.DataFrame:
+    """Endpoints of each fitted line over its points' x range: columns point, x, y.
+
+    A fit whose label is not a grid point (pooled runs) spans every row.
+    """
+    rows = []
+    points = set(df["point"])
+    for point, fit in fits.items():
+        sub = (df[df["point"] == point] if point in points else df)["x"].dropna()
+        if sub.empty or not np.isfinite(fit.slope):
+            continue
+        for xv in (float(sub.min()), float(sub.max())):
+            rows.append({"point": point, "x": xv, "y": fit.slope * xv + fit.intercept})
+    return pd.DataFrame(rows, columns=["point", "x", "y"])
+
+
+def _scatter_with_fit(
+    store: ChartData,
+    pairs: pd.DataFrame,
+    fits: dict[str, Regression],
+    x_title: str,
+    y_title: str,
+    title: str | alt.TitleParams,
+    *,
+    multi: bool,
+    extra_tooltip: Sequence[str] = (),
+) -> TopChart:
+    sel = seed_selection()
+    cols = ["trial_id", "point", "seed", "x", "y", *extra_tooltip]
+    dots = (
+        alt.Chart(store.add(pairs[cols]))
+        .mark_circle()
+        .encode(
+            x=alt.X("x:Q", title=x_title, scale=alt.Scale(zero=False)),
+            y=alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False)),
+            **_run_encodings(sel, multi),
+            tooltip=_run_tooltip(
+                *(f"{c}:Q" for c in extra_tooltip),
+                alt.Tooltip("x:Q", title=x_title, format=".4g"),
+                alt.Tooltip("y:Q", title=y_title, format=".4g"),
+            ),
+        )
+        .add_params(sel)
+    )
+    line_df = _line(pairs, fits)
+    layers: list[alt.Chart] = []
+    if not line_df.empty:
+        line_enc: dict[str, Any] = {"x": "x:Q", "y": "y:Q", "detail": "point:N"}
+        if multi and set(line_df["point"]) <= set(pairs["point"]):
+            line_enc["color"] = alt.Color("point:N", title="grid point")
+        line = alt.Chart(store.add(line_df)).mark_line(strokeDash=[6, 3], color="#555")
+        layers.append(line.encode(**line_enc))
+    return alt.layer(*layers, dots).properties(width=320, height=280, title=title)
+
+
+def seed_scatter(
+    store: ChartData,
+    pairs: pd.DataFrame,
+    x_label: str,
+    y_label: str,
+    fits: dict[str, Regression],
+    corrs: dict[str, Correlation],
+    *,
+    multi: bool,
+) -> TopChart:
+    """Seed scatter between two splits with a fitted line per grid point.
+
+    ``pairs``: one row per run, columns trial_id, point, seed, x, y. ``fits`` and
+    ``corrs``: per point label, the least-squares line and Pearson r with its bootstrap
+    interval, shown in the title.
+    """
+    parts = [
+        (f"{p}: " if multi else "") + f"r = {_fmt(c.r)} [{_fmt(c.low)}, {_fmt(c.high)}] (n={c.n})"
+        for p, c in corrs.items()
+    ]
+    title = alt.TitleParams(
+        f"{y_label} vs {x_label} across seeds",
+        subtitle=[*parts, f"{int(100 * next(iter(corrs.values())).level)}% bootstrap CI"]
+        if corrs
+        else [],
+    )
+    return _scatter_with_fit(store, pairs, fits, x_label, y_label, title, multi=multi)
+
+
+def learning_curves(
+    store: ChartData,
+    agg: pd.DataFrame,
+    per_seed: pd.DataFrame | None,
+    metric: str,
+    splits: Sequence[str],
+) -> TopChart:
+    """Mean of ``metric`` over seeds with a min-max band, per split; one panel per point.
+
+    ``agg``: columns point, split, step, mean, min, max (one row per (point, split,
+    step)). ``per_seed``
+    (optional): columns trial_id, point, seed, split, step, value; drawn as thin lines
+    that appear when their seed is selected.
+    """
+    panels = []
+    points = list(dict.fromkeys(agg["point"]))
+    color = alt.Color("split:N", sort=list(splits), title="split")
+    for point in points:
+        a = agg[agg["point"] == point][["split", "step", "mean", "min", "max"]]
+        base = alt.Chart(store.add(a)).encode(x=alt.X("step:Q", title="step"), color=color)
+        band = base.mark_area(opacity=0.18).encode(y=alt.Y("min:Q", title=metric), y2="max:Q")
+        line = base.mark_line().encode(
+            y="mean:Q",
+            tooltip=[
+                "split:N",
+                "step:Q",
+                alt.Tooltip("mean:Q", format=".4g"),
+                alt.Tooltip("min:Q", format=".4g"),
+                alt.Tooltip("max:Q", format=".4g"),
+            ],
+        )
+        layers: list[alt.Chart] = [band, line]
+        if per_seed is not None:
+            sel = seed_selection()
+            s = per_seed[per_seed["point"] == point][
+                ["trial_id", "point", "seed", "split", "step", "value"]
+            ]
+            seeds = (
+                alt.Chart(store.add(s))
+                .mark_line(strokeWidth=1.5)
+                .encode(
+                    x="step:Q",
+                    y="value:Q",
+                    color=color,
+                    detail=["trial_id:N", "seed:N"],
+                    opacity=alt.when(sel, empty=False)
+                    .then(alt.value(0.95))
+                    .otherwise(alt.value(0)),
+                    tooltip=_run_tooltip("split:N", "step:Q", alt.Tooltip("value:Q", format=".4g")),
+                )
+                .add_params(sel)
+            )
+            layers.append(seeds)
+        title = f"{metric} learning curves: mean and min-max over seeds"
+        panels.append(
+            alt.layer(*layers).properties(
+                width=300, height=220, title=title if len(points) == 1 else f"{point}: {metric}"
+            )
+        )
+    if len(panels) == 1:
+        return panels[0]
+    with merging_selections():
+        return alt.hconcat(*panels).resolve_scale(y="shared")
+
+
+def histogram(
+    store: ChartData, values: pd.DataFrame, split: str, metric: str, *, multi: bool, bins: int = 20
+) -> TopChart:
+    """Histogram of ``metric`` on ``split`` over runs, above a strip of one tick per seed.
+
+    ``values``: one row per run, columns trial_id, point, seed, value.
+    """
+    sel = seed_selection()
+    df = values[["trial_id", "point", "seed", "value"]]
+    lo, hi = float(df["value"].min()), float(df["value"].max())
+    if not hi > lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    scale = alt.Scale(domain=[lo, hi], zero=False, nice=False)
+    binning = alt.Bin(maxbins=bins, extent=[lo, hi])
+    x = alt.X("value:Q", bin=binning, scale=scale, title=f"{split} {metric}")
+    bar_enc: dict[str, Any] = {"x": x, "y": alt.Y("count():Q", title="runs")}
+    if multi:
+        bar_enc["color"] = alt.Color("point:N", title="grid point")
+    bars = alt.Chart(store.add(df)).mark_bar(opacity=0.8).encode(**bar_enc)
+    strip_enc = _run_encodings(sel, multi)
+    strip_enc.pop("size")
+    strip = (
+        alt.Chart(store.add(df))
+        .mark_tick(thickness=2, size=14)
+        .encode(
+            x=alt.X("value:Q", scale=scale, title=f"{split} {metric} (one tick per seed)"),
+            **strip_enc,
+            tooltip=_run_tooltip(alt.Tooltip("value:Q", format=".4g")),
+        )
+        .add_params(sel)
+    )
+    with merging_selections():
+        return alt.vconcat(
+            bars.properties(width=320, height=180, title=f"Histogram of {split} {metric}"),
+            strip.properties(width=320, height=24),
+        )
+
+
+def regression_chart(
+    store: ChartData,
+    pairs: pd.DataFrame,
+    x_label: str,
+    y_label: str,
+    fits: dict[str, Regression],
+    over: str,
+    *,
+    multi: bool,
+) -> TopChart:
+    """Declared regression: one dot per run (or per checkpoint) and the fitted line.
+
+    ``pairs``: columns trial_id, point, seed, x, y (already transformed), plus ``step``
+    when ``over == "checkpoints"``. The title gives slope, R^2, p and n per point.
+    """
+    parts = [
+        (f"{p}: " if multi else "")
+        + f"slope = {_fmt(f.slope)}, R² = {_fmt(f.r2)}, p = {_fmt(f.p, 2)}, n = {f.n}"
+        for p, f in fits.items()
+    ]
+    title = alt.TitleParams(f"{y_label} on {x_label} (over {over})", subtitle=parts)
+    extra = ("step",) if over == "checkpoints" and "step" in pairs.columns else ()
+    return _scatter_with_fit(
+        store, pairs, fits, x_label, y_label, title, multi=multi, extra_tooltip=extra
+    )
+
+
+def objective_by_trial(
+    store: ChartData, trials: pd.DataFrame, *, maximize: bool = True
+) -> TopChart:
+    """Tuning: objective of each trial in start order, with the running best.
+
+    ``trials``: columns trial_number, trial_id, seeds, objective (NULL rows dropped).
+    """
+    df = trials.dropna(subset=["objective"])[["trial_number", "trial_id", "seeds", "objective"]]
+    best = df["objective"].cummax() if maximize else df["objective"].cummin()
+    df = df.assign(best=best)
+    base = alt.Chart(store.add(df)).encode(x=alt.X("trial_number:Q", title="trial (start order)"))
+    dots = base.mark_circle(size=60).encode(
+        y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
+        tooltip=[
+            alt.Tooltip("trial_id:N", title="trial"),
+            alt.Tooltip("seeds:N", title="seeds"),
+            "trial_number:Q",
+            alt.Tooltip("objective:Q", format=".4g"),
+        ],
+    )
+    line = base.mark_line(interpolate="step-after", color="#999").encode(
+        y=alt.Y("best:Q", title="objective")
+    )
+    title = f"Objective by trial (line: best so far, {'max' if maximize else 'min'}imized)"
+    return alt.layer(line, dots).properties(width=320, height=220, title=title)
+
+
+def objective_by_param(store: ChartData, trials: pd.DataFrame, params: Sequence[str]) -> TopChart:
+    """Tuning: objective against each ``param_*`` column (one panel per parameter)."""
+    df = trials.dropna(subset=["objective"])
+    panels = []
+    for p in params:
+        sub = df[["trial_number", "trial_id", "seeds", "objective", p]].rename(columns={p: "param"})
+        panels.append(
+            alt.Chart(store.add(sub))
+            .mark_circle(size=60)
+            .encode(
+                x=alt.X("param:Q", title=p.removeprefix("param_"), scale=alt.Scale(zero=False)),
+                y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
+                tooltip=[
+                    alt.Tooltip("trial_id:N", title="trial"),
+                    alt.Tooltip("seeds:N", title="seeds"),
+                    alt.Tooltip("param:Q", title=p, format=".4g"),
+                    alt.Tooltip("objective:Q", format=".4g"),
+                ],
+            )
+            .properties(width=220, height=200, title=f"Objective vs {p.removeprefix('param_')}")
+        )
+    return alt.hconcat(*panels)

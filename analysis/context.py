@@ -1,0 +1,161 @@
+"""What the report and ``analyze`` need to know about one study, loaded once.
+
+:func:`open_study` joins the manifest (optional) with what the views hold: the split
+order and roles, the primary metric, the test splits, grid-point labels, and the axes of
+the seed scatter. Declarations naming splits or metrics the results do not have are
+dropped with a note (the report lists the notes) rather than failing the whole report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from analysis import queries as q
+from analysis.db import connect, result_studies
+from analysis.errors import AnalysisError
+from analysis.manifest import Axis, Manifest, RegressionDecl, load_manifest
+from analysis.schema import ROLE_ORDER
+
+
+@dataclass
+class StudyContext:
+    """One study's results and declarations, ready for charts and summaries."""
+
+    out: Path
+    name: str
+    con: duckdb.DuckDBPyConnection
+    manifest: Manifest | None
+    labels: dict[str, str]
+    """trial_id -> grid-point label."""
+    evals: pd.DataFrame
+    """:func:`analysis.queries.eval_values` of the study (every metric)."""
+    splits: list[str]
+    """Every split with evals, in the task's order (manifest) or by role."""
+    roles: dict[str, str]
+    primary: str | None
+    """The metric of distributions and correlations (``None`` without evals)."""
+    test_splits: list[str]
+    scatter: tuple[Axis, Axis] | None
+    regressions: list[RegressionDecl]
+    histograms: list[Axis]
+    notes: list[str] = field(default_factory=list)
+    _logged: set[tuple[str, str]] | None = None
+    """(split, metric) pairs in ``metrics`` (loaded on first use)."""
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind if self.manifest else "seeds"
+
+    @property
+    def multi(self) -> bool:
+        """True when the study has several grid points (colour by point)."""
+        return self.evals["point"].nunique() > 1 if not self.evals.empty else False
+
+    def has(self, axis: Axis, table: str = "evals") -> bool:
+        """Whether ``table`` (evals or metrics) has values of ``axis``'s split and metric."""
+        if table == "evals":
+            e = self.evals
+            return bool(((e["split"] == axis.split) & (e["metric"] == axis.metric)).any())
+        if self._logged is None:
+            rows = self.con.execute(
+                "SELECT DISTINCT split, metric FROM metrics WHERE study = ?", [self.name]
+            ).fetchall()
+            self._logged = {(r[0], r[1]) for r in rows}
+        return (axis.split, axis.metric) in self._logged
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _primary(m: Manifest | None, metrics: list[str]) -> str | None:
+    declared = m.declarations.primary_metric if m else None
+    if declared and declared in metrics:
+        return declared
+    if "accuracy" in metrics:
+        return "accuracy"
+    good = [x for x in metrics if q.higher_is_better(x)] or metrics
+    return good[0] if good else None
+
+
+def open_study(out: Path, study: str) -> StudyContext:
+    """Load ``study`` from ``out`` (raises AnalysisError naming known studies if unknown)."""
+    out = Path(out)
+    known = result_studies(out) if out.is_dir() else []
+    if study not in known:
+        raise AnalysisError(
+            f"study {study!r} has no results in {out} (known: {', '.join(known) or '(none yet)'}); "
+            "check the name with `study ls` or pass the right --out folder"
+        )
+    con = connect(out, studies=[study], in_memory=("trials", "runs", "evals", "metrics"))
+    try:
+        m = load_manifest(out, study)
+        labels = m.point_labels() if m else {}
+        evals = q.eval_values(con, study, labels=labels)
+    except BaseException:
+        con.close()
+        raise
+    roles = dict(zip(evals["split"], evals["role"], strict=True))
+    decl = m.declarations if m else None
+    # the manifest's split order, else by role, declared test splits in their order
+    order = [s for s, _ in (m.splits if m else ()) if s in roles]
+    rank = {r: i for i, r in enumerate(ROLE_ORDER)}
+    declared = {s: i for i, s in enumerate(decl.test_splits if decl else ())}
+    rest = sorted(
+        (s for s in roles if s not in order),
+        key=lambda s: (rank.get(roles[s], 9), declared.get(s, len(declared)), s),
+    )
+    splits = order + rest
+    primary = _primary(m, sorted(set(evals["metric"])))
+    tests = [s for s in (decl.test_splits if decl else ()) if s in roles]
+    tests = tests or [s for s in splits if roles[s] == "test"]
+    ctx = StudyContext(
+        out=out,
+        name=study,
+        con=con,
+        manifest=m,
+        labels=labels,
+        evals=evals,
+        splits=splits,
+        roles=roles,
+        primary=primary,
+        test_splits=tests,
+        scatter=None,
+        regressions=[],
+        histograms=[],
+    )
+    if decl and decl.unknown:
+        ctx.notes.append(f"declarations not understood (ignored): {', '.join(decl.unknown)}")
+    if decl and decl.scatter and all(ctx.has(a) for a in decl.scatter):
+        ctx.scatter = decl.scatter
+    else:
+        if decl and decl.scatter:
+            ctx.notes.append("declared scatter axes have no evals; using the first two test splits")
+        usable = [s for s in tests if primary and ctx.has(Axis(s, primary))]
+        if primary and len(usable) >= 2:
+            ctx.scatter = (Axis(usable[0], primary), Axis(usable[1], primary))
+    for r in decl.regressions if decl else ():
+        table = "evals" if r.over == "runs" else "metrics"
+        if ctx.has(r.x, table) and ctx.has(r.y, table):
+            ctx.regressions.append(r)
+        else:
+            ctx.notes.append(
+                f"regression of {r.y.split} {r.y.metric} on {r.x.split} {r.x.metric} "
+                f"(over {r.over}) skipped: no such {table} rows"
+            )
+    for h in decl.histograms if decl else ():
+        if ctx.has(h):
+            ctx.histograms.append(h)
+        else:
+            ctx.notes.append(f"histogram of {h.split} {h.metric} skipped: no such evals")
+    return ctx
+
+
+def axis_label(a: Axis) -> str:
+    """``val loss`` or ``-log(val loss)`` for a transformed axis."""
+    base = f"{a.split} {a.metric}"
+    names = {"neglog": "-log({})", "log": "log({})", "neg": "-({})"}
+    return names.get(a.transform or "", "{}").format(base)

@@ -1,0 +1,320 @@
+"""Read-only DuckDB views over a results folder, ``study sql`` and ``study ls``.
+
+:func:`connect` opens the five tables of every study under ``OUT/tables`` as views
+``trials``, ``runs``, ``metrics``, ``evals`` and ``predictions``:
+
+* files are ``OUT/tables/<table>/study=<NAME>/*.parquet`` (names starting with ``.`` or
+  ``_`` - temporary files of an atomic write - are skipped); columns are united by name
+  (a column missing from a file reads as NULL; differing numeric types widen; otherwise
+  text), and every documented column (:mod:`analysis.schema`) exists even when no file
+  has it, so an empty results folder gives empty, typed views;
+* ``runs`` is the commit marker: ``metrics``, ``evals`` and ``predictions`` show a row
+  only if its ``(study, trial_id, seed)`` has a runs row; leftovers of uncommitted work
+  are invisible. Should ``runs`` hold two rows for one ``(study, trial_id, seed)``, the
+  view keeps the latest ``committed_at``. ``trials`` shows every executed unit as written.
+
+How the connection refuses writes: the files are scanned through Arrow datasets
+registered with DuckDB, the views live in a throw-away database file that is reopened
+read-only (``CREATE TABLE``, ``CREATE VIEW``, ``INSERT``... raise), and DuckDB's own file
+access is switched off and the configuration locked (``COPY ... TO``, ``read_csv``,
+``ATTACH``, ``INSTALL`` raise, also for paths inside OUT). Only DuckDB's in-memory
+``TEMP`` objects remain possible on a connection from :func:`connect`; they never touch
+disk. :func:`run_sql` on top accepts only ``SELECT``-like statements.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from analysis.errors import AnalysisError
+from analysis.formatting import check_format, format_frame
+from analysis.manifest import load_manifest, study_names
+from analysis.schema import SCHEMAS, TABLES
+
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
+"""Statement types ``run_sql`` runs (``SELECT`` covers ``FROM``, ``WITH``, ``SHOW``,
+``DESCRIBE`` and ``SUMMARIZE``)."""
+
+VIEW_SQL = {
+    "trials": "SELECT * FROM _trials_raw",
+    "runs": (
+        "SELECT * FROM _runs_raw QUALIFY row_number() OVER ("
+        "PARTITION BY study, trial_id, seed "
+        "ORDER BY committed_at DESC NULLS LAST, unit_id DESC NULLS LAST) = 1"
+    ),
+}
+for _t in ("metrics", "evals", "predictions"):
+    VIEW_SQL[_t] = (
+        f"SELECT t.* FROM _{_t}_raw AS t SEMI JOIN _runs_raw AS r "
+        "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed"
+    )
+
+
+def result_studies(out: Path) -> list[str]:
+    """Names of the studies with a ``runs`` or ``trials`` partition folder (sorted)."""
+    names = set()
+    for table in ("runs", "trials"):
+        root = Path(out) / "tables" / table
+        if root.is_dir():
+            names |= {p.name.removeprefix("study=") for p in root.glob("study=*") if p.is_dir()}
+    return sorted(names)
+
+
+def table_files(out: Path, table: str, studies: Sequence[str] | None = None) -> list[Path]:
+    """The Parquet files of ``table`` under ``out`` (sorted; temporary files skipped),
+    only those of ``studies`` when given."""
+    root = Path(out) / "tables" / table
+    if not root.is_dir():
+        return []
+    files = []
+    folders = ["study=*"] if studies is None else [f"study={glob.escape(s)}" for s in studies]
+    for p in (p for folder in folders for p in root.glob(f"{folder}/**/*.parquet")):
+        rel = p.relative_to(root).parts
+        if any(part.startswith((".", "_")) for part in rel) or not p.is_file():
+            continue
+        files.append(p)
+    return sorted(files)
+
+
+def _unify(schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema for all files: fields by name in first-seen order, types widened.
+
+    Arrow's permissive promotion widens numbers (int64 + double -> double) and fills
+    all-NULL columns; a column whose types cannot be merged (e.g. int64 and string in two
+    studies' config columns) becomes a string column.
+    """
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    types: dict[str, list[pa.DataType]] = {}
+    for s in schemas:
+        for f in s:
+            types.setdefault(f.name, []).append(f.type)
+    fields = []
+    for name, ts in types.items():
+        try:
+            merged = pa.unify_schemas(
+                [pa.schema([(name, t)]) for t in ts], promote_options="permissive"
+            ).field(name)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            merged = pa.field(name, pa.string())
+        fields.append(merged)
+    return pa.schema(fields)
+
+
+def _no_null_types(schema: pa.Schema) -> pa.Schema:
+    """Columns NULL in every file become text columns (DuckDB would type them "NULL")."""
+    return pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in schema])
+
+
+def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset | pa.Table:
+    """An Arrow dataset over ``table``'s files (an empty typed table when it has none)."""
+    files = table_files(out, table, studies)
+    if not files:
+        return SCHEMAS[table].empty_table()
+    schemas = [SCHEMAS[table]]
+    for f in files:
+        try:
+            schemas.append(pq.read_schema(f).remove_metadata())
+        except (OSError, pa.ArrowException) as e:
+            raise AnalysisError(
+                f"cannot read {f}: {e}. Move the file out of {Path(out) / 'tables'} "
+                "(or re-run that trial to rewrite it), then retry"
+            ) from e
+    schema = _no_null_types(_unify(schemas))
+    return ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+
+
+def connect(
+    out: Path,
+    *,
+    read_only: bool = True,
+    studies: Sequence[str] | None = None,
+    in_memory: Sequence[str] = (),
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the views over every study in ``out`` (see module docs).
+
+    ``studies`` limits the views to those studies' files (faster when a results folder
+    holds many studies); the tables named in ``in_memory`` are read into memory once
+    instead of being scanned from their files by every query (faster for many queries
+    over one study). ``read_only=False`` gives a plain in-memory connection with the
+    same views, in which scratch tables may be created (it still never writes into
+    ``out`` by itself). Raises :class:`AnalysisError` when ``out`` is not a folder.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        raise AnalysisError(
+            f"results folder {out} does not exist; pass the folder a study wrote "
+            "(default ./results) or run a study first"
+        )
+    sources = {t: _source(out, t, studies) for t in TABLES}
+    for t in in_memory:
+        src = sources[t]
+        if isinstance(src, ds.Dataset):
+            sources[t] = src.to_table()
+    if not read_only:
+        con = duckdb.connect(":memory:")
+        _register(con, sources)
+        for t in TABLES:
+            con.execute(f"CREATE VIEW {t} AS {VIEW_SQL[t]}")
+        return con
+    tmp = Path(tempfile.mkdtemp(prefix="fineline-sql-"))
+    try:
+        path = str(tmp / "views.duckdb")
+        build = duckdb.connect(path)
+        try:
+            _register(build, sources)
+            for t in TABLES:
+                build.execute(f"CREATE VIEW {t} AS {VIEW_SQL[t]}")
+        finally:
+            build.close()
+        con = duckdb.connect(path, read_only=True)
+        _register(con, sources)
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    finally:
+        # The open connection keeps its file handle; nothing is left behind on disk.
+        shutil.rmtree(tmp, ignore_errors=True)
+    return con
+
+
+def _register(con: duckdb.DuckDBPyConnection, sources: dict[str, Any]) -> None:
+    for t, src in sources.items():
+        con.register(f"_{t}_raw", src)
+
+
+def _check_read_only(query: str) -> str:
+    """The single read statement in ``query``, or an :class:`AnalysisError` saying why not."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as e:
+        raise AnalysisError(f"SQL error: {e}") from e
+    if not statements:
+        raise AnalysisError("no SQL statement given; pass a query such as 'SELECT * FROM runs'")
+    if len(statements) > 1:
+        raise AnalysisError(
+            f"got {len(statements)} statements; study sql runs one at a time - "
+            "split them into separate calls"
+        )
+    kind = statements[0].type.name
+    if kind not in READ_STATEMENTS:
+        raise AnalysisError(
+            f"study sql is read-only: {kind} statements are refused. Query the views "
+            f"({', '.join(TABLES)}) with SELECT; to keep a result, use --format csv or json "
+            "and redirect it to a file"
+        )
+    return query
+
+
+def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None = 200) -> str:
+    """Run one read-only SQL statement over the views of ``out`` and format the result.
+
+    ``fmt``: ``table`` (aligned text, at most ``max_rows`` rows, ``None`` for all),
+    ``csv`` or ``json`` (a list of row objects; always every row). Raises
+    :class:`AnalysisError` on a write attempt (``"study sql is read-only: ..."``) and on
+    any SQL error, with DuckDB's message.
+    """
+    check_format(fmt)
+    _check_read_only(query)
+    con = connect(out)
+    try:
+        df = con.execute(query).df()
+    except duckdb.PermissionException as e:
+        raise AnalysisError(
+            f"study sql is read-only and reads only the views ({', '.join(TABLES)}): {e}"
+        ) from e
+    except duckdb.Error as e:
+        raise AnalysisError(
+            f"SQL error: {e}. The views are {', '.join(TABLES)}; "
+            "try 'DESCRIBE runs' to see their columns"
+        ) from e
+    finally:
+        con.close()
+    return format_frame(df, fmt, max_rows=max_rows)
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """One row of ``study ls``."""
+
+    name: str
+    kind: str | None
+    """``seeds`` or ``tune`` (from the manifest; ``None`` without one)."""
+    task: str | None
+    model: str | None
+    planned: int | None
+    """Runs planned: sum over the manifest's points of their seed counts."""
+    done: int
+    """Committed runs (any status: a committed run is finished)."""
+    ok: int
+    failed: int
+    diverged: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyInfo]:
+    """Every study under ``out`` (with a manifest or with results), sorted by name;
+    ``only`` restricts the listing to those names."""
+    con = connect(out, studies=only)
+    try:
+        rows = con.execute(
+            "SELECT study, count(*) AS done, "
+            "count(*) FILTER (WHERE status = 'ok') AS ok, "
+            "count(*) FILTER (WHERE status = 'failed') AS failed, "
+            "count(*) FILTER (WHERE status = 'diverged') AS diverged "
+            "FROM runs GROUP BY study"
+        ).fetchall()
+        trial_rows = con.execute(
+            "SELECT study, any_value(task), any_value(model) FROM trials GROUP BY study"
+        ).fetchall()
+    finally:
+        con.close()
+    counts = {r[0]: r[1:] for r in rows}
+    from_trials = {r[0]: (r[1], r[2]) for r in trial_rows}
+    infos = []
+    names = set(study_names(out)) | set(counts) | set(from_trials)
+    if only is not None:
+        names &= set(only)
+    for name in sorted(names):
+        m = load_manifest(out, name)
+        done, ok, failed, diverged = counts.get(name, (0, 0, 0, 0))
+        task, model = from_trials.get(name, (None, None))
+        infos.append(
+            StudyInfo(
+                name=name,
+                kind=m.kind if m else None,
+                task=(m.task if m and m.task else task),
+                model=(m.model if m and m.model else model),
+                planned=m.planned if m else None,
+                done=int(done),
+                ok=int(ok),
+                failed=int(failed),
+                diverged=int(diverged),
+            )
+        )
+    return infos
+
+
+def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
+    """``list_studies`` output as text table, CSV or JSON."""
+    import pandas as pd
+
+    cols = list(StudyInfo.__dataclass_fields__)
+    df = pd.DataFrame([i.as_dict() for i in infos], columns=cols)
+    for c in ("planned", "done", "ok", "failed", "diverged"):
+        df[c] = df[c].astype("Int64")
+    return format_frame(df, fmt)

@@ -1,0 +1,260 @@
+"""Study manifests (``OUT/<NAME>/study.json``) and the task's analysis declarations.
+
+The study writes a manifest beside its tables; what a task wants analysed or drawn lives
+there as data (``analysis``), so this package never imports the task. Every optional key
+may be missing: loading tolerates absent and unknown keys and keeps the raw dict.
+
+Declarations understood (all optional, under ``manifest["analysis"]``):
+
+* ``scatter``: ``[[split_a, metric], [split_b, metric]]`` - the seed scatter's axes;
+* ``regressions``: ``[{"x": {"split", "metric", "transform"?}, "y": {"split", "metric",
+  "transform"?}, "over": "runs" | "checkpoints"}]``;
+* ``histograms``: ``[{"split", "metric"}]``;
+* ``charts``: ``[{"type": "histogram" | "scatter" | "regression", ...}]`` - the same
+  declarations in the list form of ``Task.analysis()``; ``curve`` charts are always drawn;
+* ``test_splits``: the splits whose seed-by-seed correlations to report (default: every
+  split with role ``test``);
+* ``primary_metric``: the metric of the distribution chart and summaries (default
+  ``accuracy`` when present).
+
+Unknown keys are kept in :attr:`Declarations.unknown` and named in the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import AnalysisError
+
+MANIFEST = "study.json"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One side of a declared chart: a split's metric, optionally transformed."""
+
+    split: str
+    metric: str
+    transform: str | None = None
+
+
+@dataclass(frozen=True)
+class RegressionDecl:
+    """Regress ``y`` on ``x`` across runs (final evals) or checkpoints (metrics snapshots)."""
+
+    x: Axis
+    y: Axis
+    over: str = "runs"
+
+
+@dataclass(frozen=True)
+class Declarations:
+    """What the task declared for analysis, normalised."""
+
+    scatter: tuple[Axis, Axis] | None = None
+    regressions: tuple[RegressionDecl, ...] = ()
+    histograms: tuple[Axis, ...] = ()
+    test_splits: tuple[str, ...] = ()
+    primary_metric: str | None = None
+    unknown: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A study's manifest, tolerant of missing optional keys (``raw`` keeps everything)."""
+
+    name: str
+    kind: str = "seeds"
+    task: str | None = None
+    model: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_hash: str | None = None
+    created_at: str | None = None
+    git_sha: str | None = None
+    version: str | None = None
+    seeds: int | None = None
+    splits: tuple[tuple[str, str], ...] = ()
+    """(name, role) per split, in the task's order."""
+    points: tuple[dict[str, Any], ...] = ()
+    declarations: Declarations = field(default_factory=Declarations)
+    tuned_from: Any = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def planned(self) -> int | None:
+        """Planned runs: sum over points of their seed counts (``None`` if unknown)."""
+        if self.points:
+            total = 0
+            for p in self.points:
+                n = p.get("seeds", self.seeds)
+                if n is None:
+                    return None
+                total += int(n)
+            return total
+        return self.seeds
+
+    def point_labels(self) -> dict[str, str]:
+        """trial_id -> readable grid-point label, from the manifest's points."""
+        return {
+            str(p["trial_id"]): point_label(p.get("point") or {})
+            for p in self.points
+            if "trial_id" in p
+        }
+
+
+def point_label(point: dict[str, Any] | str | None) -> str:
+    """``{"model.cell": "gru", "train.lr": 0.01}`` -> ``"cell=gru, lr=0.01"``; ``{}`` -> ``"default"``."""
+    if isinstance(point, str):
+        text = point
+        try:
+            point = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError:
+            return text
+    if not point or not isinstance(point, dict):
+        return "default"
+
+    def value(v: Any) -> str:
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{str(k).rsplit('.', 1)[-1]}={value(v)}" for k, v in sorted(point.items()))
+
+
+def manifest_path(out: Path, study: str) -> Path:
+    return Path(out) / study / MANIFEST
+
+
+def study_names(out: Path) -> list[str]:
+    """Names of the studies with a manifest under ``out`` (sorted)."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    return sorted(p.parent.name for p in out.glob(f"*/{MANIFEST}") if p.parent.name != "tables")
+
+
+def load_manifest(out: Path, study: str) -> Manifest | None:
+    """The manifest of ``study``, or ``None`` when the study has none (yet)."""
+    path = manifest_path(out, study)
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise AnalysisError(
+            f"cannot read the manifest {path}: {e}. Fix or remove the file (the study "
+            "rewrites it on its next run)"
+        ) from e
+    if not isinstance(raw, dict):
+        raise AnalysisError(f"manifest {path} is not a JSON object; re-run the study to rewrite it")
+    return parse_manifest(raw, default_name=study)
+
+
+def _as_int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_manifest(raw: dict[str, Any], default_name: str = "") -> Manifest:
+    """A :class:`Manifest` from the parsed JSON; unknown keys are kept in ``raw``."""
+    splits: list[tuple[str, str]] = []
+    for s in raw.get("splits") or []:
+        if isinstance(s, dict) and "name" in s:
+            splits.append((str(s["name"]), str(s.get("role", "test"))))
+        elif isinstance(s, list | tuple) and len(s) == 2:
+            splits.append((str(s[0]), str(s[1])))
+    points = tuple(p for p in raw.get("points") or [] if isinstance(p, dict))
+    config = raw.get("config")
+    return Manifest(
+        name=str(raw.get("name") or default_name),
+        kind=str(raw.get("kind") or "seeds"),
+        task=raw.get("task"),
+        model=raw.get("model"),
+        config=config if isinstance(config, dict) else {},
+        config_hash=raw.get("config_hash"),
+        created_at=None if raw.get("created_at") is None else str(raw.get("created_at")),
+        git_sha=raw.get("git_sha"),
+        version=None if raw.get("version") is None else str(raw.get("version")),
+        seeds=_as_int(raw.get("seeds")),
+        splits=tuple(splits),
+        points=points,
+        declarations=parse_declarations(raw.get("analysis") or {}),
+        tuned_from=raw.get("tuned_from"),
+        raw=raw,
+    )
+
+
+def _axis(value: Any, where: str) -> Axis:
+    if isinstance(value, dict) and "split" in value and "metric" in value:
+        t = value.get("transform")
+        return Axis(str(value["split"]), str(value["metric"]), None if t is None else str(t))
+    if isinstance(value, list | tuple) and len(value) >= 2:
+        return Axis(str(value[0]), str(value[1]), str(value[2]) if len(value) > 2 else None)
+    raise AnalysisError(
+        f"analysis declaration {where}: expected {{'split': ..., 'metric': ...}} or "
+        f"[split, metric], got {value!r}. Fix the task's analysis() declaration"
+    )
+
+
+def _regression(value: Any, where: str) -> RegressionDecl:
+    if not isinstance(value, dict) or "x" not in value or "y" not in value:
+        raise AnalysisError(
+            f"analysis declaration {where}: a regression needs 'x' and 'y', got {value!r}. "
+            "Fix the task's analysis() declaration"
+        )
+    over = str(value.get("over", "runs"))
+    if over not in ("runs", "checkpoints"):
+        raise AnalysisError(
+            f"analysis declaration {where}.over: {over!r} is not 'runs' or 'checkpoints'"
+        )
+    return RegressionDecl(_axis(value["x"], f"{where}.x"), _axis(value["y"], f"{where}.y"), over)
+
+
+def parse_declarations(decl: dict[str, Any]) -> Declarations:
+    """Normalise the manifest's ``analysis`` dict (see the module docstring)."""
+    if not isinstance(decl, dict):
+        return Declarations(unknown=("analysis (not an object)",))
+    scatter: tuple[Axis, Axis] | None = None
+    regressions: list[RegressionDecl] = []
+    histograms: list[Axis] = []
+    test_splits: tuple[str, ...] = ()
+    unknown: list[str] = []
+    for key, value in decl.items():
+        if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
+            scatter = (_axis(value[0], "scatter[0]"), _axis(value[1], "scatter[1]"))
+        elif key == "regressions":
+            regressions += [_regression(v, f"regressions[{i}]") for i, v in enumerate(value)]
+        elif key == "histograms":
+            histograms += [_axis(v, f"histograms[{i}]") for i, v in enumerate(value)]
+        elif key == "charts":
+            for i, chart in enumerate(value or []):
+                kind = chart.get("type") if isinstance(chart, dict) else None
+                if kind == "histogram":
+                    histograms.append(_axis(chart, f"charts[{i}]"))
+                elif kind == "regression":
+                    regressions.append(_regression(chart, f"charts[{i}]"))
+                elif kind == "scatter" and scatter is None and "x" in chart and "y" in chart:
+                    scatter = (
+                        _axis(chart["x"], f"charts[{i}].x"),
+                        _axis(chart["y"], f"charts[{i}].y"),
+                    )
+                elif kind != "curve":
+                    unknown.append(f"charts[{i}] ({kind})")
+        elif key == "test_splits" and isinstance(value, list | tuple):
+            test_splits = tuple(str(v) for v in value)
+        elif key == "primary_metric":
+            pass
+        else:
+            unknown.append(str(key))
+    primary = decl.get("primary_metric")
+    return Declarations(
+        scatter=scatter,
+        regressions=tuple(regressions),
+        histograms=tuple(histograms),
+        test_splits=test_splits,
+        primary_metric=None if primary is None else str(primary),
+        unknown=tuple(unknown),
+    )

@@ -1,0 +1,105 @@
+"""The columns every results table is guaranteed to have, as analysis reads them.
+
+The training side writes these tables (``OUT/tables/<table>/study=<NAME>/*.parquet``);
+this is analysis' own copy of their documented columns, so it stays independent of
+``trainables``. Files may carry more columns (e.g. flattened config columns such as
+``train_lr`` in ``trials``, ``param_<name>`` and ``objective`` in tuning studies): the
+views add them by name. A documented column missing from every file still exists in
+the view, as NULLs, so queries and empty results folders behave the same.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+TABLES: tuple[str, ...] = ("trials", "runs", "metrics", "evals", "predictions")
+"""The five tables, in the order the views are created."""
+
+SEED_SOURCES: tuple[str, ...] = ("init_seed", "order_seed", "dropout_seed", "data_seed")
+"""The ``runs`` columns naming each seed source."""
+
+ROLE_ORDER: tuple[str, ...] = ("train", "val", "val_ood", "test")
+"""Split roles in display order."""
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "trials": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("unit_id", pa.string()),
+            ("seeds", pa.list_(pa.int64())),
+            ("task", pa.string()),
+            ("model", pa.string()),
+            ("config_hash", pa.string()),
+            ("config_json", pa.string()),
+            ("point_json", pa.string()),
+            ("status", pa.string()),
+            ("started_at", TS),
+            ("ended_at", TS),
+            ("node", pa.string()),
+            ("hostname", pa.string()),
+            ("git_sha", pa.string()),
+            ("versions_json", pa.string()),
+            ("bundle_size", pa.int64()),
+            ("device", pa.string()),
+        ]
+    ),
+    "runs": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("unit_id", pa.string()),
+            ("seed", pa.int64()),
+            ("init_seed", pa.int64()),
+            ("order_seed", pa.int64()),
+            ("dropout_seed", pa.int64()),
+            ("data_seed", pa.int64()),
+            ("selected_epoch", pa.int64()),
+            ("selected_step", pa.int64()),
+            ("status", pa.string()),
+            ("node", pa.string()),
+            ("wall_s", pa.float64()),
+            ("committed_at", TS),
+        ]
+    ),
+    "metrics": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("epoch", pa.int64()),
+            ("step", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+        ]
+    ),
+    "evals": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+        ]
+    ),
+    "predictions": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("example_id", pa.int64()),
+            ("input", pa.string()),
+            ("target", pa.string()),
+            ("prediction", pa.string()),
+            ("correct", pa.bool_()),
+        ]
+    ),
+}
+"""Documented columns per table (the view's leading columns, in this order)."""
