@@ -18,28 +18,7 @@ from analysis.analyze import analyze
 from analysis.demo import write_demo_study
 from analysis.errors import AnalysisError
 from analysis.report import Report, build_report, write_report
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-# Leaf chart cells of the Vega scenegraph (SVG renderer) and the marks drawn in each.
-CELL_MARKS_JS = """() => {
-  const isCell = g => /(^| )((concat_\\d+_)+group|view_\\w+_group)( |$)/.test(g.getAttribute('class'));
-  const cells = Array.from(document.querySelectorAll('#charts svg g.mark-group')).filter(isCell);
-  const leaves = cells.filter(c => !Array.from(c.querySelectorAll('g.mark-group')).some(isCell));
-  const sel = ['.mark-symbol path', '.mark-rect path', '.mark-line path', '.mark-area path',
-               '.mark-rule line', '.mark-tick line', '.mark-rule path', '.mark-tick path'].join(', ');
-  return leaves.map(c => [c.getAttribute('class'), c.querySelectorAll(sel).length]);
-}"""
-
+from tests_support import CELL_MARKS_JS, open_report as _open
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -72,35 +51,6 @@ def pages(out: Path, reports: dict[str, Report]) -> dict[str, Path]:
     for study, report in reports.items():
         written[study] = report.save(out / f"{study}.html")
     return written
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip(
-            f"headless Chromium not found at {CHROMIUM}; install Debian's chromium to run it"
-        )
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-def _open(browser: Any, page_path: Path) -> tuple[Any, list[str]]:
-    """Load the report, wait for vega-embed, and return the page with its error messages."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on(
-        "request",
-        lambda r: errors.append(f"network: {r.url}") if r.url.startswith("http") else None,
-    )
-    page.goto(page_path.as_uri())
-    page.wait_for_function("window.fineline && window.fineline.ready", timeout=60_000)
-    return page, errors
 
 
 @pytest.mark.parametrize(

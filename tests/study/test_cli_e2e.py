@@ -120,3 +120,25 @@ def test_sql_is_read_only(finished: tuple[Path, Path]) -> None:
     for query in ("CREATE TABLE x AS SELECT 1", "COPY evals TO 'x.csv'", "DROP VIEW evals"):
         res = study("sql", "--out", str(out), query, check=False)
         assert res.returncode == 2 and "read-only" in res.stderr, (query, res.stderr)
+
+
+def test_report_and_analyze_of_a_real_study_render(finished: tuple[Path, Path], browser: object, tmp_path: Path) -> None:
+    from tests_support import CELL_MARKS_JS, open_report
+
+    _, out = finished
+    res = study("analyze", "tiny", "--out", str(out), "--format", "json")
+    summary = json.loads(res.stdout)
+    assert summary, "analyze printed nothing"
+    res = study("report", "tiny", "--out", str(out))
+    page_path = out / "tiny" / "report.html"
+    assert page_path.is_file() and str(page_path) in res.stdout
+    html = page_path.read_text()
+    assert "<script src=\"http" not in html and "cdn." not in html
+    page, errors = open_report(browser, page_path)
+    try:
+        cells = page.evaluate(CELL_MARKS_JS)
+        assert len(cells) >= 3 and all(marks > 0 for _, marks in cells), cells
+        assert errors == []
+        page.screenshot(path=str(tmp_path / "tiny-report.png"), full_page=True)
+    finally:
+        page.close()

@@ -1,0 +1,44 @@
+"""Helpers shared by test modules (importable because tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+# Leaf chart cells of the Vega scenegraph (SVG renderer) and the marks drawn in each.
+CELL_MARKS_JS = """() => {
+  const isCell = g => /(^| )((concat_\\d+_)+group|view_\\w+_group)( |$)/.test(g.getAttribute('class'));
+  const cells = Array.from(document.querySelectorAll('#charts svg g.mark-group')).filter(isCell);
+  const leaves = cells.filter(c => !Array.from(c.querySelectorAll('g.mark-group')).some(isCell));
+  const sel = ['.mark-symbol path', '.mark-rect path', '.mark-line path', '.mark-area path',
+               '.mark-rule line', '.mark-tick line', '.mark-rule path', '.mark-tick path'].join(', ');
+  return leaves.map(c => [c.getAttribute('class'), c.querySelectorAll(sel).length]);
+}"""
+
+
+def open_report(browser: Any, page_path: Path) -> tuple[Any, list[str]]:
+    """Load the report, wait for vega-embed, and return the page with its error messages."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on(
+        "request",
+        lambda r: errors.append(f"network: {r.url}") if r.url.startswith("http") else None,
+    )
+    page.goto(page_path.as_uri())
+    page.wait_for_function("window.fineline && window.fineline.ready", timeout=60_000)
+    return page, errors
+
+
