@@ -127,15 +127,15 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
     if not isinstance(grid, dict):
         raise ConfigError("grid", "must be a mapping of field path -> values", "see README's study-file section")
     axes: list[list[tuple[str, Any, dict[str, Any]]]] = []
-    for path, values in grid.items():
-        if isinstance(values, dict):
+    for path, choices in grid.items():
+        if isinstance(choices, dict):
             opts = []
-            for v, overrides in values.items():
+            for v, overrides in choices.items():
                 if overrides is not None and not isinstance(overrides, dict):
                     raise ConfigError(f"grid.{path}.{v}", "overrides must be a mapping", "write {field.path: value}")
                 opts.append((path, v, overrides or {}))
-        elif isinstance(values, list) and values:
-            opts = [(path, v, {}) for v in values]
+        elif isinstance(choices, list) and choices:
+            opts = [(path, v, {}) for v in choices]
         else:
             raise ConfigError(f"grid.{path}", "needs a non-empty list of values or a mapping value -> overrides",
                               "e.g. `model.cell: [lstm, gru]`")
@@ -165,8 +165,8 @@ def parse(raw: dict[str, Any], seeds_override: int | None = None) -> StudyConfig
         check_name(str(name), "name")
     execution = validate(ExecutionConfig, dict(raw.get("execution") or {}), "execution")
     points = []
-    for values, cfg in expand_grid(raw):
-        where = f" (grid point {values})" if values else ""
+    for point_values, cfg in expand_grid(raw):
+        where = f" (grid point {point_values})" if point_values else ""
         try:
             spec = RunSpec.from_dict(cfg)
             seeds = validate(SeedsConfig, dict(cfg.get("seeds") or {}), "seeds")
@@ -174,7 +174,7 @@ def parse(raw: dict[str, Any], seeds_override: int | None = None) -> StudyConfig
             raise ConfigError(exc.field, exc.problem + where, exc.fix) from None
         if seeds_override is not None:
             seeds = seeds.model_copy(update={"count": seeds_override})
-        points.append(Point(spec, seeds, values))
+        points.append(Point(spec, seeds, point_values))
     ids = [p.trial_id for p in points]
     if len(set(ids)) != len(ids):
         raise ConfigError("grid", "two grid points resolve to the same config", "remove the duplicate values")

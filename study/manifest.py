@@ -66,9 +66,12 @@ def versions() -> dict[str, str]:
 
 
 def prepare(
-    out: Path, name: str, cfg: StudyConfig, kind: str, analysis: dict[str, Any], extra: dict[str, Any] | None = None
+    out: Path, name: str, cfg: StudyConfig, kind: str, facts: dict[str, Any], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Create or update the manifest; refuse a changed config under an existing name."""
+    """Create or update the manifest; refuse a changed config under an existing name.
+
+    ``facts`` is what :func:`study.runner.check_before_ray` returns (analysis, splits).
+    """
     old = read(out, name)
     if old is not None and old.get("config_hash") != cfg.identity_hash:
         raise StudyStateError(
@@ -98,7 +101,8 @@ def prepare(
             {"trial_id": p.trial_id, "point": p.values, "seeds": max(p.seeds.count, _old_count(old, p.trial_id))}
             for p in cfg.points
         ],
-        "analysis": analysis,
+        "analysis": facts.get("analysis", {}),
+        "splits": facts.get("splits", []),
         **(extra or {}),
     }
     write(out, name, manifest)

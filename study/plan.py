@@ -36,7 +36,8 @@ class Unit:
 
 def seedsets(point: Point) -> list[SeedSet]:
     s = point.seeds
-    return [derive_seedset(s.root, i, s.vary, dict(s.pinned)) for i in range(s.count)]
+    pinned: dict[str, int] = {str(k): v for k, v in s.pinned.items()}
+    return [derive_seedset(s.root, i, s.vary, pinned) for i in range(s.count)]
 
 
 def bundle_size(cfg: StudyConfig, n_seeds: int, device: str, cpus: float) -> int:

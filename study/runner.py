@@ -28,15 +28,59 @@ class StudyFailed(FinelineError):
 
 @contextmanager
 def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str, float]]:
-    """A Ray connection: a fresh local Ray (no dashboard, no usage stats) or ``address``."""
+    """A Ray connection: a fresh local Ray (no dashboard, no usage stats) or ``address``.
+
+    Authentication is decided once, here and in ``cluster.yaml``: every Ray process of a
+    fineline cluster runs with token authentication (``RAY_AUTH_MODE=token``). Ray 2.60
+    enables it by default for a new local Ray, but a driver connecting to an explicit
+    ``address`` stays ``disabled`` unless told, and is then refused (``InvalidAuthToken``).
+    So the driver sets ``RAY_AUTH_MODE=token`` unless the user chose a mode explicitly
+    (``RAY_AUTH_MODE=disabled`` for a cluster deliberately run without tokens); the token
+    itself comes from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``
+    and must be the cluster's. Ray caches the mode per process, so it is re-read if needed.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray
+    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+    from ray.exceptions import AuthenticationError
+
+    from trainables.errors import ConfigError
+
+    token = os.environ["RAY_AUTH_MODE"].lower() == "token"
+    if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
+        Config.initialize("")  # Ray read the mode before it was set here: re-read it, as ray.init does
 
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        token_fix = (
+            "give this driver the cluster's token: copy the head node's ~/.ray/auth_token here, "
+            "or set RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); every node and driver must use "
+            "RAY_AUTH_MODE=token (see docs/cluster.md)"
+        )
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        except AuthenticationError as exc:  # token mode, but no token on this machine
+            raise ConfigError(
+                "--address",
+                f"no Ray auth token for the cluster at {address} ({exc.message})",
+                token_fix,
+            ) from None
+        except ConnectionError as exc:
+            if "InvalidAuthToken" in f"{exc} {exc.__cause__}":
+                raise ConfigError(
+                    "--address",
+                    f"the cluster at {address} refused this driver's auth token",
+                    token_fix,
+                ) from None
+            raise ConfigError(
+                "--address",
+                f"no Ray cluster answers at {address}",
+                "start it (`ray up cluster.yaml` or `ray start --head`) and check "
+                "`ray status --address ADDRESS`; or omit --address for a local Ray",
+            ) from None
     else:
         ray.init(
             num_cpus=num_cpus or default_cpus(), include_dashboard=False,
@@ -56,7 +100,11 @@ def resolve_device(cfg: StudyConfig) -> str:
 
 
 def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
-    """Everything that can fail on bad input, before Ray starts. Returns task analysis."""
+    """Everything that can fail on bad input, before Ray starts.
+
+    Returns the task facts the manifest records: ``analysis`` (what the task wants
+    analysed and drawn) and ``splits`` (name and role of each split, in order).
+    """
     analysis: dict[str, Any] = {}
     for point in cfg.points:
         task = get_task(point.spec)
@@ -67,7 +115,8 @@ def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
 
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
-    return analysis
+    roles = get_task(cfg.points[0].spec).split_roles()
+    return {"analysis": analysis, "splits": [{"name": n, "role": r} for n, r in roles.items()]}
 
 
 def run_study(
@@ -81,8 +130,8 @@ def run_study(
 ) -> dict[str, int]:
     """Run (or resume) a seed/grid study; returns counts. Raises StudyFailed on failures."""
     out = Path(out)
-    analysis = check_before_ray(cfg)
-    manifest_mod.prepare(out, name, cfg, kind, analysis, extra_manifest)
+    facts = check_before_ray(cfg)
+    manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
     device = resolve_device(cfg)
     units, planned, already = plan_units(cfg, out, name, device, 1)

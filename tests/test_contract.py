@@ -115,8 +115,8 @@ def test_bundle_end_to_end_matches_lone_runs(task_cls: Any, model_cls: Any, torc
 
 
 def test_unknown_names_list_the_choices() -> None:
-    with pytest.raises(ConfigError, match="use one of: .*symbol_rewriting"):
+    with pytest.raises(ConfigError, match=r"use one of: .*symbol_rewriting"):
         TASKS.get("symbol_rewritting")
-    with pytest.raises(ConfigError, match="model.name"):
+    with pytest.raises(ConfigError, match=r"model\.name"):
         RunSpec.from_dict({"task": {"name": "dyck1"}, "model": {"name": "seq2seq"}})
 

@@ -111,9 +111,8 @@ class BundleRun:
         self.model = build_model(spec, data, seeds).to(self.device)
         self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device)
         self.order_rngs = [numpy_rng(s.order_seed) for s in seeds]
-        self.fused = None
-        if hasattr(self.model, "make_fused_step"):
-            self.fused = self.model.make_fused_step(self.train_cfg)
+        make_fused: Callable[[Any, Any], Any] | None = getattr(type(self.model), "make_fused_step", None)
+        self.fused = make_fused(self.model, self.train_cfg) if make_fused is not None else None
         self.optimizer = self._optimizer() if self.fused is None else None
         self.train_split = data.train
         self.n_train = len(self.train_split)
@@ -189,15 +188,19 @@ class BundleRun:
 
     def _set_lr(self) -> None:
         sched = self.train_cfg.lr_halving
-        if sched is None or self.optimizer is None:
+        if sched is None:
             return
         steps_per_epoch = max(1, math.ceil(self.n_train / self.train_cfg.batch_size))
         epoch_f = self.step / steps_per_epoch
         halvings = 0
         if epoch_f > sched.start_epoch:
             halvings = int((epoch_f - sched.start_epoch) // sched.every_epochs) + 1
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.train_cfg.lr * 0.5**halvings
+        lr = self.train_cfg.lr * 0.5**halvings
+        if self.fused is not None:
+            self.fused.lr = lr
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
 
     def _clip(self) -> None:
         max_norm = self.train_cfg.clip_norm
@@ -212,10 +215,10 @@ class BundleRun:
     def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
         batch = self.model.make_batch(data, rows, self.device)
         active = self._active_mask()
+        self._set_lr()
         if self.fused is not None:
             return self.fused(batch, active)
         assert self.optimizer is not None
-        self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
         losses = self.model.loss(batch, self.noise, self.train_cfg.loss_reduction)  # (K,)
         torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
@@ -372,7 +375,7 @@ class BundleRun:
                         out[k]["predictions"].append({
                             "seed": m.seeds.index, "split": name,
                             "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
-                            "prediction": self.task.render(split, ev.predictions[k][i]),
+                            "prediction": self.task.render(split, ev.predictions[k][i], i),
                             "correct": bool(correct[i]),
                         })
         for k, m in enumerate(self.members):

@@ -173,8 +173,10 @@ class Task(ABC):
         Returns ``{metric: (N,) float array}``; the split-level metric is the mean.
         """
 
-    def render(self, split: Split, prediction: Any) -> str:
-        """A human-readable rendering of one prediction (for the ``predictions`` table)."""
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
+        """A human-readable rendering of one prediction (for the ``predictions`` table).
+
+        ``index`` is the example's position in ``split`` (for metrics that need the target)."""
         return str(prediction)
 
     def sample_train(self, data: TaskData, rng: np.random.Generator, n: int) -> SplitData:
@@ -191,7 +193,7 @@ class Task(ABC):
         """
         return {}
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Validate the config against the filesystem before any Ray work starts."""
 
     def split_roles(self) -> dict[str, Role]:

@@ -361,7 +361,7 @@ class MnistPairs(Task):
     def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
         return {"accuracy": accuracy(split, predictions)}
 
-    def render(self, split: Split, prediction: Any) -> str:
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
         return render_class(prediction)
 
     def analysis(self) -> dict[str, Any]:

@@ -304,7 +304,7 @@ class Scan(Task):
         exact = [exact_match(p, t) for p, t in zip(predictions, data.tgt, strict=True)]
         return {"exact": np.asarray(exact, dtype=np.float64)}
 
-    def render(self, split: Split, prediction: Any) -> str:
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
         """Action tokens up to the first EOS (``<no eos>`` appended when there is none)."""
         pred = [int(i) for i in np.asarray(prediction).reshape(-1)]
         stop = pred.index(EOS) if EOS in pred else len(pred)

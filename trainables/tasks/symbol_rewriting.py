@@ -428,7 +428,7 @@ class SymbolRewriting(Task):
             self.cfg.n_symbols,
         )
 
-    def render(self, split: Split, prediction: Any) -> str:
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
         """The prediction's tokens up to (not including) its first EOS, space-joined."""
         tokens = self.tgt_vocab.tokens
         out = []

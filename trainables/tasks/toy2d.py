@@ -154,7 +154,7 @@ class Toy2D(Task):
             scores["p_y1"] = np.asarray([float(p[1]) for p in predictions], dtype=np.float64)
         return scores
 
-    def render(self, split: Split, prediction: Any) -> str:
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
         """``p_y1`` (``"0.734215"``) on the grid; the class form elsewhere (``"1 (p=0.912)"``)."""
         if split.name == "grid" and np.ndim(prediction) == 1:
             return f"{float(prediction[1]):.6f}"

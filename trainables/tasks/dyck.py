@@ -1,0 +1,610 @@
+"""Dyck-1 counting (El-Naggar, Madhyastha & Weyde 2022, data after Suzgun et al. 2019).
+
+Strings of balanced brackets ``(`` ``)`` drawn from the PCFG ``S -> ( S )`` (probability
+``p``), ``S -> S S`` (``q``), ``S -> empty`` (``1 - p - q``). A model reads one bracket per
+time step (``SeqTags.x``: ids ``(`` = 0, ``)`` = 1; the model one-hots them) and emits a
+2-vector per step: ``[1, 1 if the depth after the token is > 0 else 0]``. A model that
+learns to count generalises to much longer strings than it was trained on.
+
+Splits (``ids`` = row numbers within the split; with ``data_dir``, rows of the file):
+
+* ``train`` (role train): ``train_size`` unique strings, lengths ``min_len..max_len``;
+* ``val`` (role val): ``val_size`` unique strings of the same lengths, disjoint from train
+  (the next strings of the same unique stream, so - as in the published files - the few
+  shortest strings all land in train);
+* ``long`` (role test): ``long_size`` unique strings, lengths ``long_min_len..long_max_len``
+  (none of them in train or val);
+* ``very_long`` (role test): ``very_long_size`` unique strings of length exactly
+  ``very_long_len``;
+* ``zigzag`` (role test): for each ``j`` in ``zigzag_js``, ``j`` opens then ``j`` closes,
+  repeated to length ``zigzag_len``; example ``i`` has ``j = zigzag_js[i]`` (also the index
+  of its first ``)``, see :func:`zigzag_j`).
+
+Generators. ``train``/``val``/``long`` follow Suzgun et al.'s recursive sampler
+(:class:`SuzgunSampler`, run iteratively): a branch that makes the string longer than the
+maximum is abandoned (returns the empty string), and strings are drawn until the
+requested number of *unique* strings within the length range is reached. Rejection is
+hopeless for length 1000 (probability about 3e-5 per draw), so ``very_long`` samples from
+the grammar *conditioned on the length* (:class:`LengthConditionedSampler`): a dynamic
+programme over lengths gives the probability of every rule choice given the length to
+produce.
+
+Metrics (per example; the trainer averages per split): outputs are thresholded at 0.5
+(``> 0.5`` is 1). ``correct`` = 1 iff every step's thresholded 2-vector equals the target;
+``fpf`` (first point of failure) = the 0-based index of the first step whose thresholded
+2-vector differs from the target, or the length for a fully correct sequence.
+:meth:`Dyck1.render` gives ``fpf=<n>`` when it is told the example's index (the base
+interface passes none; then it renders the predicted depth bits).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError, DataError
+from trainables.registry import TASKS
+from trainables.tasks.base import Role, SeqTags, Split, Task, TaskData
+
+OPEN, CLOSE = 0, 1
+"""Input ids of ``(`` and ``)``."""
+SYMBOLS = "()"
+PUBLISHED_FILES = {
+    "train": "Dyck1_Dataset_Suzgun_train_.txt",
+    "test": "Dyck1_Dataset_Suzgun_test_.txt",
+    "very_long": "Dyck1_Dataset_Suzgun_1000tokens.txt",
+    "zigzag": "Dyck1_Dataset_Suzgun_2000tokens_zigzag.txt",
+}
+PUBLISHED_VAL_START = 15_000
+"""Published train file: rows 0..9,999 are train, rows 15,000..19,999 validation."""
+SPLIT_ROLES: dict[str, Role] = {
+    "train": "train",
+    "val": "val",
+    "long": "test",
+    "very_long": "test",
+    "zigzag": "test",
+}
+SIZE_FIELDS = {
+    "train": "train_size",
+    "val": "val_size",
+    "long": "long_size",
+    "very_long": "very_long_size",
+}
+_WRAP, _CONCAT = -1, -2
+_BLOCK = 1 << 16
+
+
+# --------------------------------------------------------------------------- strings
+def depth_targets(s: str) -> np.ndarray:
+    """Per-step targets ``(T, 2)`` float32 of a bracket string: ``[1, depth after > 0]``."""
+    x = encode(s)
+    depth = np.cumsum(1 - 2 * x)  # (T,)
+    return np.stack([np.ones(len(x)), depth > 0], axis=1).astype(np.float32)
+
+
+def encode(s: str) -> np.ndarray:
+    """Bracket string -> ``(T,)`` int64 ids (``(`` = 0, ``)`` = 1)."""
+    raw = np.frombuffer(s.encode("ascii"), dtype=np.uint8)
+    if not np.all((raw == ord("(")) | (raw == ord(")"))):
+        raise DataError(f"not a bracket string: {s[:40]!r}; only '(' and ')' are allowed")
+    return (raw == ord(")")).astype(np.int64)
+
+
+def decode(x: np.ndarray) -> str:
+    """``(T,)`` ids -> bracket string."""
+    return "".join(SYMBOLS[int(t)] for t in x)
+
+
+def is_dyck(s: str) -> bool:
+    """True iff ``s`` is a non-empty balanced bracket string."""
+    if not s:
+        return False
+    depth = np.cumsum(1 - 2 * encode(s))
+    return bool(depth.min() >= 0 and depth[-1] == 0)
+
+
+def zigzag(j: int, length: int) -> str:
+    """``j`` opens then ``j`` closes, repeated and cut to ``length`` symbols."""
+    period = "(" * j + ")" * j
+    return (period * math.ceil(length / len(period)))[:length]
+
+
+def zigzag_j(x: np.ndarray) -> int:
+    """The ``j`` of a zigzag example: the index of its first ``)``."""
+    return int(np.argmax(np.asarray(x) == CLOSE))
+
+
+def dyck_count(length: int) -> int:
+    """Number of Dyck-1 strings of ``length`` (the Catalan number; 0 for odd lengths)."""
+    if length % 2:
+        return 0
+    m = length // 2
+    return math.comb(2 * m, m) // (m + 1)
+
+
+# --------------------------------------------------------------------------- generators
+class _Uniforms:
+    """Uniform draws from ``rng`` in blocks (scalar draws from numpy are slow one by one)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.buf: list[float] = []
+        self.pos = 0
+
+    def next(self) -> float:
+        if self.pos == len(self.buf):
+            self.buf, self.pos = self.rng.random(_BLOCK).tolist(), 0
+        self.pos += 1
+        return self.buf[self.pos - 1]
+
+
+class SuzgunSampler:
+    """Suzgun et al.'s recursive sampler, run with an explicit stack.
+
+    The recursive original: ``gen(size)`` returns ``''`` if ``size >= max_len``; else with
+    probability ``p`` it returns ``'(' + gen(size + 2) + ')'``, with ``q`` it returns
+    ``gen(size) + gen(size)``, otherwise ``''``; a composed string longer than ``max_len``
+    is abandoned (``''``). :meth:`sample` draws in the same depth-first order.
+    """
+
+    def __init__(self, rng: np.random.Generator, max_len: int, p: float, q: float) -> None:
+        self.rng, self.max_len, self.p, self.q = rng, max_len, p, q
+        self.buf: list[float] = []
+        self.pos = 0
+
+    def sample(self) -> str:
+        """One string (possibly empty) of length ``<= max_len``."""
+        max_len, p, pq = self.max_len, self.p, self.p + self.q
+        buf, pos = self.buf, self.pos  # uniform draws, fetched from numpy in blocks
+        tasks = [0]  # >= 0: expand a nonterminal at that size; _WRAP / _CONCAT: combine values
+        values: list[str] = []
+        while tasks:
+            t = tasks.pop()
+            if t >= 0:
+                if t >= max_len:
+                    values.append("")
+                    continue
+                if pos == len(buf):
+                    buf, pos = self.rng.random(_BLOCK).tolist(), 0
+                r = buf[pos]
+                pos += 1
+                if r < p:
+                    tasks.append(_WRAP)
+                    tasks.append(t + 2)
+                elif r < pq:
+                    tasks.append(_CONCAT)
+                    tasks.append(t)
+                    tasks.append(t)
+                else:
+                    values.append("")
+                continue
+            if t == _WRAP:
+                s = "(" + values.pop() + ")"
+            else:
+                right = values.pop()
+                s = values.pop() + right
+            values.append(s if len(s) <= max_len else "")
+        self.buf, self.pos = buf, pos
+        return values[0]
+
+
+def sample_unique(
+    rng: np.random.Generator,
+    n: int,
+    min_len: int,
+    max_len: int,
+    p: float,
+    q: float,
+    exclude: set[str] | None = None,
+) -> list[str]:
+    """``n`` distinct strings with lengths in ``[min_len, max_len]`` from :class:`SuzgunSampler`.
+
+    Strings in ``exclude`` are skipped (and ``exclude`` is not modified). Raises DataError
+    when the range is too rare to fill (more than ``200 n + 100,000`` draws).
+    """
+    seen = set(exclude or ())
+    out: list[str] = []
+    sampler = SuzgunSampler(rng, max_len, p, q)
+    budget = 200 * n + 100_000
+    for _ in range(budget):
+        if len(out) == n:
+            return out
+        s = sampler.sample()
+        if len(s) >= min_len and s not in seen:
+            seen.add(s)
+            out.append(s)
+    if len(out) == n:
+        return out
+    raise DataError(
+        f"only {len(out)} of {n} distinct Dyck strings of length {min_len}..{max_len} after "
+        f"{budget} draws: the range is too rare under p={p}, q={q}; widen the length range, "
+        "lower the size, or raise p"
+    )
+
+
+def length_probs(max_len: int, p: float, q: float) -> np.ndarray:
+    """``P[m]`` = probability that ``S`` derives a string of length ``2m``, ``m = 0..max_len//2``.
+
+    Summed over every derivation: ``P[0]`` is the smaller root of ``P0 = r + q P0^2``
+    (``r = 1 - p - q``) and ``P[m] = (p P[m-1] + q sum_{a=1}^{m-1} P[a] P[m-a]) / (1 - 2 q P0)``.
+    """
+    r = 1.0 - p - q
+    probs = np.zeros(max_len // 2 + 1)  # (M+1,)
+    probs[0] = 2 * r / (1 + math.sqrt(max(0.0, 1 - 4 * q * r)))
+    denom = 1 - 2 * q * probs[0]
+    for m in range(1, len(probs)):
+        inner = float(probs[1:m] @ probs[m - 1 : 0 : -1]) if m > 1 else 0.0
+        probs[m] = (p * probs[m - 1] + q * inner) / denom
+    return probs
+
+
+class LengthConditionedSampler:
+    """Strings of the PCFG conditioned on their exact length.
+
+    For a nonterminal that must produce length ``2m > 0`` the rule choices are
+    ``( S )`` with weight ``p P[m-1]`` and ``S S`` with the left part of length ``2a``,
+    ``a = 1..m-1``, with weight ``q P[a] P[m-a]`` (:func:`length_probs`). The split with an
+    empty part gives back the same problem, so leaving it out keeps the distribution exact.
+    """
+
+    def __init__(self, max_len: int, p: float, q: float) -> None:
+        probs = length_probs(max_len, p, q)
+        self.cdfs: list[list[float]] = [[]]
+        for m in range(1, len(probs)):
+            weights = np.concatenate([[p * probs[m - 1]], q * probs[1:m] * probs[m - 1 : 0 : -1]])
+            self.cdfs.append(np.cumsum(weights).tolist())  # (m,): choice 0 = paren, a = split
+
+    def sample(self, u: _Uniforms, length: int) -> str:
+        """One string of exactly ``length`` (even, ``<= max_len``)."""
+        out: list[str] = []
+        tasks = [length // 2]  # >= 0: nonterminal of that half-length; -1: a literal ')'
+        while tasks:
+            m = tasks.pop()
+            if m < 0:
+                out.append(")")
+            elif m > 0:
+                cdf = self.cdfs[m]
+                a = min(bisect.bisect_right(cdf, u.next() * cdf[-1]), m - 1)
+                if a == 0:
+                    out.append("(")
+                    tasks += (-1, m - 1)
+                else:
+                    tasks += (m - a, a)
+        return "".join(out)
+
+
+def sample_exact_unique(
+    rng: np.random.Generator, n: int, length: int, p: float, q: float
+) -> list[str]:
+    """``n`` distinct strings of exactly ``length`` via :class:`LengthConditionedSampler`."""
+    if dyck_count(length) < n:
+        raise DataError(
+            f"only {dyck_count(length)} Dyck strings have length {length}; ask for fewer"
+        )
+    sampler = LengthConditionedSampler(length, p, q)
+    u = _Uniforms(rng)
+    seen: set[str] = set()
+    out: list[str] = []
+    while len(out) < n:
+        s = sampler.sample(u, length)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def to_tags(strings: Sequence[str], ids: np.ndarray | None = None) -> SeqTags:
+    """Bracket strings -> :class:`SeqTags` with :func:`depth_targets` (vectorised over all)."""
+    if not strings:
+        return SeqTags(x=[], y=[], ids=np.zeros(0, dtype=np.int64))
+    lengths = np.array([len(s) for s in strings], dtype=np.int64)  # (N,)
+    x_all = encode("".join(strings))  # (sum T,)
+    depth = np.cumsum(1 - 2 * x_all)  # (sum T,) running depth over the concatenation
+    ends = np.cumsum(lengths)  # (N,)
+    before = np.concatenate([[0], depth[ends[:-1] - 1]])  # (N,) depth before each string
+    depth -= np.repeat(before, lengths)  # depth within each string
+    y_all = np.stack([np.ones(len(x_all)), depth > 0], axis=1).astype(np.float32)  # (sum T, 2)
+    cuts = ends[:-1]
+    x, y = np.split(x_all, cuts), np.split(y_all, cuts)
+    return SeqTags(x=x, y=y, ids=np.arange(len(x)) if ids is None else ids)
+
+
+# --------------------------------------------------------------------------- published files
+def read_published(path: Path, rows: slice | None = None) -> SeqTags:
+    """Rows of a published file (``sequence,targets,extra``); targets are read, not recomputed.
+
+    ``ids`` are the row numbers in the file.
+    """
+    try:
+        lines = path.read_text(encoding="ascii").splitlines()
+    except FileNotFoundError as exc:
+        raise DataError(
+            f"{path} not found; point task.data_dir at the published Dyck-1 files"
+        ) from exc
+    index = np.arange(len(lines))[rows or slice(None)]
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    for i in index:
+        fields = lines[i].split(",", 2)
+        seq, digits = fields[0], fields[1] if len(fields) > 1 else ""
+        if len(seq) != len(digits) or not set(digits) <= {"0", "1"}:
+            raise DataError(
+                f"{path}:{i + 1}: expected 'sequence,targets,...' with one 0/1 digit per "
+                "bracket; check task.data_dir points at the published Dyck-1 files"
+            )
+        x = encode(seq)
+        bit = np.frombuffer(digits.encode("ascii"), dtype=np.uint8) == ord("1")
+        xs.append(x)
+        ys.append(np.stack([np.ones(len(x)), bit], axis=1).astype(np.float32))
+    return SeqTags(x=xs, y=ys, ids=index.astype(np.int64))
+
+
+# --------------------------------------------------------------------------- metrics
+def first_failure(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarray]) -> np.ndarray:
+    """FPF per example ``(N,)`` int64: first step whose thresholded 2-vector is wrong, else T.
+
+    ``predictions[i]`` and ``targets[i]`` are ``(T_i, D)``; outputs ``> 0.5`` count as 1.
+    """
+    lengths = np.fromiter(map(len, targets), dtype=np.int64, count=len(targets))  # (N,)
+    if len(predictions) != len(lengths):
+        raise ValueError(f"{len(predictions)} predictions for {len(lengths)} targets")
+    if not len(lengths):
+        return lengths
+    got = np.fromiter(map(len, predictions), dtype=np.int64, count=len(predictions))
+    pred = np.concatenate([np.asarray(pr) for pr in predictions]) > 0.5  # (sum T, D)
+    gold = np.concatenate(list(targets)) > 0.5  # (sum T, D)
+    if np.any(got != lengths) or pred.shape != gold.shape or np.any(lengths == 0):
+        i = int(np.argmax(got != lengths)) if np.any(got != lengths) else 0
+        raise ValueError(
+            f"prediction {i} has shape {np.shape(predictions[i])}, expected {targets[i].shape} (T > 0)"
+        )
+    bad = np.any(pred != gold, axis=1)  # (sum T,)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])  # (N,)
+    local = np.arange(len(bad)) - np.repeat(starts, lengths)  # (sum T,) step within example
+    where = np.where(bad, local, np.repeat(lengths, lengths))  # (sum T,)
+    return np.minimum.reduceat(where, starts)  # (N,)
+
+
+# --------------------------------------------------------------------------- config + task
+class Dyck1Config(FrozenConfig):
+    """Dyck-1 task settings (defaults: El-Naggar et al. 2022 after Suzgun et al. 2019)."""
+
+    train_size: int = 10_000
+    """Distinct training strings."""
+    val_size: int = 5_000
+    """Distinct validation strings (same lengths as train, disjoint from it)."""
+    min_len: int = 2
+    """Shortest train/val string."""
+    max_len: int = 50
+    """Longest train/val string (also the sampler's abandon limit)."""
+    long_size: int = 5_000
+    """Distinct strings of the `long` test split."""
+    long_min_len: int = 52
+    """Shortest `long` string."""
+    long_max_len: int = 100
+    """Longest `long` string (the sampler's abandon limit for that split)."""
+    very_long_size: int = 100
+    """Distinct strings of the `very_long` test split."""
+    very_long_len: int = 1_000
+    """Exact length of every `very_long` string (even)."""
+    zigzag_len: int = 2_000
+    """Length of every `zigzag` string."""
+    zigzag_js: tuple[int, ...] = (1000, 500, 250, 200, 125, 100, 50, 25, 20, 10)
+    """Run lengths j of the `zigzag` strings (j opens then j closes, repeated); one string each."""
+    p: float = 0.5
+    """PCFG probability of S -> ( S )."""
+    q: float = 0.25
+    """PCFG probability of S -> S S (S -> empty gets 1 - p - q)."""
+    data_dir: str | None = None
+    """Optional folder with the published files (Dyck1_Dataset_Suzgun_{train_,test_,1000tokens,
+    2000tokens_zigzag}.txt): train = rows 0.. of the train file, val = rows 15,000.., long =
+    first rows of the test file, very_long and zigzag = their files (sizes as configured;
+    zigzag: every row). The published very-long rows have lengths 502-974, not 1000."""
+
+    @field_validator("train_size", "val_size", "long_size", "very_long_size", "zigzag_len")
+    @classmethod
+    def _positive(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ConfigError(f"task.{info.field_name}", f"is {value}", "use a value >= 1")
+        return value
+
+    @field_validator("min_len", "long_min_len")
+    @classmethod
+    def _min_len(cls, value: int, info: ValidationInfo) -> int:
+        if value < 2:
+            raise ConfigError(f"task.{info.field_name}", f"is {value}", "use a length >= 2")
+        return value
+
+    @field_validator("very_long_len")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value < 2 or value % 2:
+            raise ConfigError("task.very_long_len", f"is {value}", "use an even length >= 2")
+        return value
+
+    @field_validator("zigzag_js")
+    @classmethod
+    def _js(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 1:
+            raise ConfigError("task.zigzag_js", f"is {value}", "give one or more run lengths >= 1")
+        return value
+
+    @model_validator(mode="after")
+    def _grammar_and_ranges(self) -> Dyck1Config:
+        if not (0 < self.p < 1 and 0 <= self.q < 0.5 and self.p + self.q < 1):
+            raise ConfigError(
+                "task.p",
+                f"p={self.p}, q={self.q} do not give a finite sampler",
+                "use 0 < p < 1, 0 <= q < 0.5 and p + q < 1 (default p=0.5, q=0.25)",
+            )
+        ranges = {
+            "max_len": (self.min_len, self.max_len, self.train_size + self.val_size),
+            "long_max_len": (self.long_min_len, self.long_max_len, self.long_size),
+        }
+        for name, (lo, hi, need) in ranges.items():
+            have = sum(dyck_count(n) for n in range(lo, hi + 1))
+            if have < need:
+                raise ConfigError(
+                    f"task.{name}",
+                    f"lengths {lo}..{hi} hold only {have} distinct Dyck strings, {need} requested",
+                    "widen the length range or request fewer strings",
+                )
+        if dyck_count(self.very_long_len) < self.very_long_size:
+            raise ConfigError(
+                "task.very_long_size", "more strings than exist at very_long_len", "lower it"
+            )
+        return self
+
+
+@TASKS.register
+class Dyck1(Task):
+    """Dyck-1 depth tagging; see the module docstring for splits, generators and metrics."""
+
+    name: ClassVar[str] = "dyck1"
+    Config: ClassVar[type[FrozenConfig]] = Dyck1Config
+    data_kind = "tagging"
+    primary_metric: ClassVar[str] = "correct"
+    tiny: ClassVar[dict[str, Any]] = {
+        "train_size": 64,
+        "val_size": 32,
+        "long_size": 16,
+        "very_long_size": 4,
+        "very_long_len": 200,
+        "zigzag_len": 200,
+        "zigzag_js": (100, 10),
+    }
+    tiny_train: ClassVar[dict[str, Any]] = {
+        "optimizer": "adam",
+        "lr": 0.01,
+        "batch_size": 1,
+        "clip_norm": None,
+        "loss_reduction": "mean",
+        "selection": {"split": "val", "metric": "loss", "mode": "min"},
+    }
+
+    config: Dyck1Config
+
+    def check(self, data_dir_required: bool = False) -> None:
+        """Raise ConfigError if ``data_dir`` is set (or required) but lacks a published file."""
+        data_dir = self.config.data_dir
+        if data_dir is None:
+            if data_dir_required:
+                raise ConfigError(
+                    "task.data_dir",
+                    "this study needs the published Dyck-1 files but no data_dir is set",
+                    f"set task.data_dir to a folder holding {', '.join(PUBLISHED_FILES.values())}",
+                )
+            return
+        missing = [f for f in PUBLISHED_FILES.values() if not (Path(data_dir) / f).is_file()]
+        if missing:
+            raise ConfigError(
+                "task.data_dir",
+                f"{data_dir} lacks {', '.join(missing)}",
+                "point it at the folder with the published Dyck-1 files, or unset it to "
+                "generate the data",
+            )
+
+    def split_roles(self) -> dict[str, Role]:
+        return dict(SPLIT_ROLES)
+
+    def _generate(self, data_seed: int) -> dict[str, SeqTags]:
+        cfg = self.config
+        rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(data_seed).spawn(3)]
+        n_train = cfg.train_size
+        short = sample_unique(
+            rngs[0], n_train + cfg.val_size, cfg.min_len, cfg.max_len, cfg.p, cfg.q
+        )
+        long = sample_unique(
+            rngs[1], cfg.long_size, cfg.long_min_len, cfg.long_max_len, cfg.p, cfg.q, set(short)
+        )
+        very_long = sample_exact_unique(
+            rngs[2], cfg.very_long_size, cfg.very_long_len, cfg.p, cfg.q
+        )
+        return {
+            "train": to_tags(short[:n_train]),
+            "val": to_tags(short[n_train:]),
+            "long": to_tags(long),
+            "very_long": to_tags(very_long),
+            "zigzag": to_tags([zigzag(j, cfg.zigzag_len) for j in cfg.zigzag_js]),
+        }
+
+    def _load(self) -> dict[str, SeqTags]:
+        cfg = self.config
+        root = Path(str(cfg.data_dir))
+        parts = {
+            "train": read_published(root / PUBLISHED_FILES["train"], slice(0, cfg.train_size)),
+            "val": read_published(
+                root / PUBLISHED_FILES["train"],
+                slice(PUBLISHED_VAL_START, PUBLISHED_VAL_START + cfg.val_size),
+            ),
+            "long": read_published(root / PUBLISHED_FILES["test"], slice(0, cfg.long_size)),
+            "very_long": read_published(
+                root / PUBLISHED_FILES["very_long"], slice(0, cfg.very_long_size)
+            ),
+            "zigzag": read_published(root / PUBLISHED_FILES["zigzag"]),
+        }
+        for name, field in SIZE_FIELDS.items():
+            want = getattr(cfg, field)
+            if len(parts[name]) != want:
+                raise DataError(
+                    f"the published files hold {len(parts[name])} rows for split {name!r} but "
+                    f"{want} are configured; lower task.{field}"
+                )
+        return parts
+
+    def build(self, data_seed: int) -> TaskData:
+        """All splits, generated from ``data_seed`` (or read from ``data_dir``, seed unused)."""
+        self.check()
+        parts = self._load() if self.config.data_dir is not None else self._generate(data_seed)
+        splits = {name: Split(name, SPLIT_ROLES[name], data) for name, data in parts.items()}
+        meta = {
+            "input_size": len(SYMBOLS),
+            "output_size": 2,
+            "max_len": max(len(x) for d in parts.values() for x in d.x),
+            "train_max_len": max(len(x) for x in parts["train"].x),
+            "symbols": SYMBOLS,
+        }
+        return TaskData(splits=splits, meta=meta)
+
+    def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
+        """``correct`` (0/1) and ``fpf`` per example; ``predictions[i]`` is ``(T_i, 2)`` sigmoid outputs."""
+        data = split.data
+        assert isinstance(data, SeqTags)
+        if len(predictions) != len(data):
+            raise ValueError(f"{len(predictions)} predictions for {len(data)} examples")
+        fpf = first_failure(predictions, data.y)
+        lengths = np.array([len(x) for x in data.x], dtype=np.int64)
+        return {"correct": (fpf == lengths).astype(np.float64), "fpf": fpf.astype(np.float64)}
+
+    def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
+        """``fpf=<n>`` when the example ``index`` is given, else the thresholded depth bits.
+
+        The base interface passes no index, so without it the target is unknown: the
+        rendering is then the predicted second output as 0/1 digits (first 60 steps).
+        """
+        pred = np.asarray(prediction)
+        if index is not None:
+            data = split.data
+            assert isinstance(data, SeqTags)
+            fpf = int(first_failure([pred], [data.y[index]])[0])
+            return f"fpf={fpf}"
+        bits = "".join("1" if v > 0.5 else "0" for v in pred[:60, 1])
+        return bits + (f"...({len(pred)})" if len(pred) > 60 else "")
+
+    def analysis(self) -> dict[str, Any]:
+        """Regress very-long FPF on -log(val loss) over runs and checkpoints; FPF histogram."""
+        regression = {
+            "x": {"split": "val", "metric": "loss", "transform": "neglog"},
+            "y": {"split": "very_long", "metric": "fpf"},
+        }
+        return {
+            "regressions": [{**regression, "over": "runs"}, {**regression, "over": "checkpoints"}],
+            "histograms": [{"split": "very_long", "metric": "fpf"}],
+        }
