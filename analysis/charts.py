@@ -234,69 +234,91 @@ def seed_scatter(
     return _scatter_with_fit(store, pairs, fits, x_label, y_label, title, multi=multi)
 
 
+def _curve_panel(
+    store: ChartData,
+    agg: pd.DataFrame,
+    per_seed: pd.DataFrame | None,
+    metric: str,
+    color: alt.Color,
+    title: str,
+) -> TopChart:
+    """Bands (min-max), mean lines and selectable per-seed lines of one curve panel."""
+    cols = [c for c in ("point", "split", "step", "mean", "min", "max", "count") if c in agg]
+    base = alt.Chart(store.add(agg[cols])).encode(x=alt.X("step:Q", title="step"), color=color)
+    band = base.mark_area(opacity=0.18).encode(y=alt.Y("min:Q", title=metric), y2="max:Q")
+    tooltip: list[Any] = [
+        alt.Tooltip("point:N", title="point"),
+        "split:N",
+        "step:Q",
+        alt.Tooltip("mean:Q", format=".4g"),
+        alt.Tooltip("min:Q", format=".4g"),
+        alt.Tooltip("max:Q", format=".4g"),
+    ]
+    if "count" in agg:
+        tooltip.append(alt.Tooltip("count:Q", title="seeds"))
+    line = base.mark_line().encode(y="mean:Q", detail="point:N", tooltip=tooltip)
+    layers: list[alt.Chart] = [band, line]
+    if per_seed is not None:
+        sel = seed_selection()
+        s = per_seed[["trial_id", "point", "seed", "split", "step", "value"]]
+        seeds = (
+            alt.Chart(store.add(s))
+            .mark_line(strokeWidth=1.5)
+            .encode(
+                x="step:Q",
+                y="value:Q",
+                color=color,
+                detail=["trial_id:N", "seed:N"],
+                opacity=alt.when(sel, empty=False).then(alt.value(0.95)).otherwise(alt.value(0)),
+                tooltip=_run_tooltip("split:N", "step:Q", alt.Tooltip("value:Q", format=".4g")),
+            )
+            .add_params(sel)
+        )
+        layers.append(seeds)
+    return alt.layer(*layers).properties(width=300, height=220, title=title)
+
+
 def learning_curves(
     store: ChartData,
     agg: pd.DataFrame,
     per_seed: pd.DataFrame | None,
     metric: str,
     splits: Sequence[str],
+    *,
+    per_row: int = 3,
 ) -> TopChart:
-    """Mean of ``metric`` over seeds with a min-max band, per split; one panel per point.
+    """Mean of ``metric`` over seeds with a min-max band, per split and grid point.
 
-    ``agg``: columns point, split, step, mean, min, max (one row per (point, split,
-    step)). ``per_seed``
-    (optional): columns trial_id, point, seed, split, step, value; drawn as thin lines
-    that appear when their seed is selected.
+    One grid point: one panel, one band per split. Several grid points: one panel per
+    split (``per_row`` to a row) with one band per point on a shared y axis, so points
+    (e.g. ``task.setting`` A and B) are compared at each step on the same axes.
+
+    ``agg``: columns point, split, step, mean, min, max, and optionally count (seeds at
+    that step); one row per (point, split, step). ``per_seed`` (optional): columns
+    trial_id, point, seed, split, step, value; drawn as thin lines that appear when their
+    seed is selected.
     """
-    panels = []
-    points = list(dict.fromkeys(agg["point"]))
-    color = alt.Color("split:N", sort=list(splits), title="split")
-    for point in points:
-        a = agg[agg["point"] == point][["split", "step", "mean", "min", "max"]]
-        base = alt.Chart(store.add(a)).encode(x=alt.X("step:Q", title="step"), color=color)
-        band = base.mark_area(opacity=0.18).encode(y=alt.Y("min:Q", title=metric), y2="max:Q")
-        line = base.mark_line().encode(
-            y="mean:Q",
-            tooltip=[
-                "split:N",
-                "step:Q",
-                alt.Tooltip("mean:Q", format=".4g"),
-                alt.Tooltip("min:Q", format=".4g"),
-                alt.Tooltip("max:Q", format=".4g"),
-            ],
-        )
-        layers: list[alt.Chart] = [band, line]
-        if per_seed is not None:
-            sel = seed_selection()
-            s = per_seed[per_seed["point"] == point][
-                ["trial_id", "point", "seed", "split", "step", "value"]
-            ]
-            seeds = (
-                alt.Chart(store.add(s))
-                .mark_line(strokeWidth=1.5)
-                .encode(
-                    x="step:Q",
-                    y="value:Q",
-                    color=color,
-                    detail=["trial_id:N", "seed:N"],
-                    opacity=alt.when(sel, empty=False)
-                    .then(alt.value(0.95))
-                    .otherwise(alt.value(0)),
-                    tooltip=_run_tooltip("split:N", "step:Q", alt.Tooltip("value:Q", format=".4g")),
-                )
-                .add_params(sel)
-            )
-            layers.append(seeds)
+    points = sorted(set(agg["point"]))
+    if len(points) == 1:
+        color = alt.Color("split:N", sort=list(splits), title="split")
         title = f"{metric} learning curves: mean and min-max over seeds"
-        panels.append(
-            alt.layer(*layers).properties(
-                width=300, height=220, title=title if len(points) == 1 else f"{point}: {metric}"
-            )
-        )
-    if len(panels) == 1:
-        return panels[0]
+        return _curve_panel(store, agg, per_seed, metric, color, title)
+    color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point")
+    shown = [s for s in splits if s in set(agg["split"])]
+    shown += sorted(set(agg["split"]) - set(shown))
+    panels: list[Any] = []
+    for split in shown:
+        seeds = None if per_seed is None else per_seed[per_seed["split"] == split]
+        title = f"{split} {metric}: mean and min-max over seeds, per grid point"
+        panels.append(_curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title))
     with merging_selections():
-        return alt.hconcat(*panels).resolve_scale(y="shared")
+        rows = [
+            alt.hconcat(*panels[i : i + per_row]).resolve_scale(y="shared", color="shared")
+            for i in range(0, len(panels), per_row)
+        ]
+        if len(rows) == 1:
+            return rows[0]
+        return alt.vconcat(*rows).resolve_scale(y="shared", color="shared")
 
 
 def histogram(
@@ -413,3 +435,89 @@ def objective_by_param(store: ChartData, trials: pd.DataFrame, params: Sequence[
             .properties(width=220, height=200, title=f"Objective vs {p.removeprefix('param_')}")
         )
     return alt.hconcat(*panels)
+
+
+def decision_boundary(
+    store: ChartData,
+    cells: pd.DataFrame,
+    segments: pd.DataFrame,
+    *,
+    extent: tuple[float, float],
+    axes: tuple[str, str] = ("x1", "x2"),
+    metric: str = "p_y1",
+    split: str = "grid",
+    level: float = 0.5,
+    multi: bool,
+    columns: int = 6,
+) -> TopChart:
+    """A 2-D decision surface per seed: a heatmap with the ``level`` contour on top.
+
+    ``cells``: one row per (run, grid point), columns trial_id, point, seed, x1, x2, p,
+    half (the cell spans ``x1 +- half``, ``x2 +- half``). ``segments``: the contour, one
+    row per line segment, columns trial_id, point, seed, x1, x2, x1_end, x2_end (see
+    :mod:`analysis.boundary`). One panel per seed (wrapped into rows of ``columns``);
+    with several grid points (``multi``) one row of panels per point. The diverging
+    colour scale is centred at ``level`` (white there), so the boundary shows even
+    without the black contour line; the seed selection dims the other seeds' panels.
+    """
+    sel = seed_selection()
+    c = cells[["point", "seed", "x1", "x2", "p", "half"]].assign(kind="cell")
+    s = segments[["point", "seed", "x1", "x2", "x1_end", "x2_end"]]
+    df = pd.concat([c, s.assign(kind="contour")], ignore_index=True)
+    scale = alt.Scale(domain=list(extent), nice=False, zero=False)
+    x_title, y_title = axes
+    base = alt.Chart(store.add(df))
+    colours = alt.Scale(scheme="redblue", domain=[0, 1], domainMid=level)
+    heat = (
+        base.transform_filter(alt.datum.kind == "cell")
+        .transform_calculate(
+            x_lo=alt.datum.x1 - alt.datum.half,
+            x_hi=alt.datum.x1 + alt.datum.half,
+            y_lo=alt.datum.x2 - alt.datum.half,
+            y_hi=alt.datum.x2 + alt.datum.half,
+            # the screen-reader label (else built from the encodings: cell edges as "x1")
+            desc=f"'seed: ' + datum.seed + '; point: ' + datum.point + '; {x_title}: ' + "
+            f"format(datum.x1, '.3g') + '; {y_title}: ' + format(datum.x2, '.3g') + "
+            f"'; {metric}: ' + format(datum.p, '.3f')",
+        )
+        .mark_rect(strokeWidth=0.6)  # stroked in its own colour: no seams between cells
+        .encode(
+            x=alt.X("x_lo:Q", scale=scale, title=x_title),
+            x2="x_hi:Q",
+            y=alt.Y("y_lo:Q", scale=scale, title=y_title),
+            y2="y_hi:Q",
+            color=alt.Color("p:Q", title=metric, scale=colours),
+            stroke=alt.Stroke("p:Q", scale=colours, legend=None),
+            opacity=alt.when(sel).then(alt.value(1.0)).otherwise(alt.value(0.25)),
+            description="desc:N",
+            tooltip=[
+                alt.Tooltip("seed:O", title="seed"),
+                alt.Tooltip("point:N", title="point"),
+                alt.Tooltip("x1:Q", title=x_title, format=".3g"),
+                alt.Tooltip("x2:Q", title=y_title, format=".3g"),
+                alt.Tooltip("p:Q", title=metric, format=".3f"),
+            ],
+        )
+        .add_params(sel)
+    )
+    contour = (
+        base.transform_filter(alt.datum.kind == "contour")
+        .mark_rule(color="black", strokeWidth=1.5)
+        .encode(x="x1:Q", y="x2:Q", x2="x1_end:Q", y2="x2_end:Q")
+    )
+    layered = alt.layer(heat, contour).properties(width=150, height=150)
+    title = alt.TitleParams(
+        f"Decision boundary per seed: {metric} over ({x_title}, {y_title}) on split {split}",
+        subtitle=[f"black line: {metric} = {level:g}; red below, blue above"],
+    )
+    if multi:
+        chart = layered.facet(
+            row=alt.Row("point:N", title="grid point"),
+            column=alt.Column("seed:O", title="seed"),
+        )
+    else:
+        n_seeds = int(cells["seed"].nunique())
+        chart = layered.facet(
+            facet=alt.Facet("seed:O", title="seed"), columns=max(1, min(columns, n_seeds))
+        )
+    return chart.properties(title=title)

@@ -15,7 +15,16 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
 * ``test_splits``: the splits whose seed-by-seed correlations to report (default: every
   split with role ``test``);
 * ``primary_metric``: the metric of the distribution chart and summaries (default
-  ``accuracy`` when present).
+  ``accuracy`` when present);
+* ``decision_boundary``: ``{"grid": [low, high, n], "split"?: "grid", "metric"?: "p_y1",
+  "axes"?: ["x1", "x2"], "id"?: "i1 * n + i2"}`` - a 2-D decision surface per seed. The
+  ``split``'s rows in the ``predictions`` table are the points of the regular grid
+  ``g = linspace(low, high, n)`` over ``[low, high]^2``: ``example_id = i1 * n + i2`` is
+  the point ``(axes[0], axes[1]) = (g[i1], g[i2])`` and ``prediction`` is the value drawn
+  (a probability as a decimal string, e.g. ``"0.734215"``). A grid point of the study
+  that overrides ``task.grid`` gets its own grid. The report draws one heatmap per seed
+  with the 0.5 contour (see :func:`analysis.charts.decision_boundary`). Also accepted in
+  ``charts`` as ``{"type": "decision_boundary", ...}``.
 
 Unknown keys are kept in :attr:`Declarations.unknown` and named in the report.
 """
@@ -51,6 +60,26 @@ class RegressionDecl:
 
 
 @dataclass(frozen=True)
+class BoundaryDecl:
+    """A decision surface over a regular 2-D grid (see the module docstring)."""
+
+    low: float
+    high: float
+    n: int
+    """Points per axis: the split has ``n * n`` examples."""
+    split: str = "grid"
+    metric: str = "p_y1"
+    """What ``prediction`` holds (the colour's title)."""
+    axes: tuple[str, str] = ("x1", "x2")
+    """Names of the two input coordinates (x axis, y axis)."""
+
+    def with_grid(self, grid: Any) -> BoundaryDecl:
+        """This declaration with another ``[low, high, n]`` (raises AnalysisError if bad)."""
+        low, high, n = _grid(grid, "decision_boundary.grid")
+        return BoundaryDecl(low, high, n, self.split, self.metric, self.axes)
+
+
+@dataclass(frozen=True)
 class Declarations:
     """What the task declared for analysis, normalised."""
 
@@ -59,6 +88,7 @@ class Declarations:
     histograms: tuple[Axis, ...] = ()
     test_splits: tuple[str, ...] = ()
     primary_metric: str | None = None
+    decision_boundary: BoundaryDecl | None = None
     unknown: tuple[str, ...] = ()
 
 
@@ -213,6 +243,54 @@ def _regression(value: Any, where: str) -> RegressionDecl:
     return RegressionDecl(_axis(value["x"], f"{where}.x"), _axis(value["y"], f"{where}.y"), over)
 
 
+ID_LAYOUT = "i1*n+i2"
+"""The one grid id layout understood (spaces ignored): row-major in (axes[0], axes[1])."""
+
+
+def _grid(value: Any, where: str) -> tuple[float, float, int]:
+    """``[low, high, n]`` checked: numbers, ``low < high``, integer ``n >= 2``."""
+    try:
+        low, high, n = value
+        low, high = float(low), float(high)
+        ok = float(n) == int(n) and low < high and int(n) >= 2
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise AnalysisError(
+            f"analysis declaration {where}: expected [low, high, n] with low < high and an "
+            f"integer n >= 2, got {value!r}. Fix the task's analysis() declaration"
+        )
+    return low, high, int(n)
+
+
+def _boundary(value: Any, where: str, unknown: list[str]) -> BoundaryDecl | None:
+    """A :class:`BoundaryDecl`; an id layout other than :data:`ID_LAYOUT` goes to ``unknown``."""
+    if not isinstance(value, dict) or "grid" not in value:
+        raise AnalysisError(
+            f"analysis declaration {where}: expected {{'grid': [low, high, n], ...}}, got "
+            f"{value!r}. Fix the task's analysis() declaration"
+        )
+    layout = str(value.get("id", ID_LAYOUT)).replace(" ", "")
+    if layout != ID_LAYOUT:
+        unknown.append(f"{where}.id ({value.get('id')}: only 'i1 * n + i2' is understood)")
+        return None
+    low, high, n = _grid(value["grid"], f"{where}.grid")
+    axes = value.get("axes") or ("x1", "x2")
+    if not (isinstance(axes, list | tuple) and len(axes) == 2):
+        raise AnalysisError(
+            f"analysis declaration {where}.axes: expected two names, got {axes!r}. Fix the "
+            "task's analysis() declaration"
+        )
+    return BoundaryDecl(
+        low,
+        high,
+        n,
+        split=str(value.get("split", "grid")),
+        metric=str(value.get("metric", "p_y1")),
+        axes=(str(axes[0]), str(axes[1])),
+    )
+
+
 def parse_declarations(decl: dict[str, Any]) -> Declarations:
     """Normalise the manifest's ``analysis`` dict (see the module docstring)."""
     if not isinstance(decl, dict):
@@ -221,6 +299,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     regressions: list[RegressionDecl] = []
     histograms: list[Axis] = []
     test_splits: tuple[str, ...] = ()
+    boundary: BoundaryDecl | None = None
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -241,10 +320,14 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
                         _axis(chart["x"], f"charts[{i}].x"),
                         _axis(chart["y"], f"charts[{i}].y"),
                     )
+                elif kind == "decision_boundary" and boundary is None:
+                    boundary = _boundary(chart, f"charts[{i}]", unknown)
                 elif kind != "curve":
                     unknown.append(f"charts[{i}] ({kind})")
         elif key == "test_splits" and isinstance(value, list | tuple):
             test_splits = tuple(str(v) for v in value)
+        elif key == "decision_boundary":
+            boundary = _boundary(value, key, unknown)
         elif key == "primary_metric":
             pass
         else:
@@ -256,5 +339,6 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         histograms=tuple(histograms),
         test_splits=test_splits,
         primary_metric=None if primary is None else str(primary),
+        decision_boundary=boundary,
         unknown=tuple(unknown),
     )

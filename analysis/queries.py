@@ -347,3 +347,24 @@ def prediction_counts(
         f"FROM predictions {where} GROUP BY trial_id, seed, split ORDER BY trial_id, split, seed",
         params,
     ).df()
+
+
+def split_predictions(
+    con: duckdb.DuckDBPyConnection,
+    study: str,
+    split: str,
+    *,
+    labels: dict[str, str] | None = None,
+) -> pd.DataFrame:
+    """Every committed prediction of ``study`` on ``split``, one row per (trial, seed, example).
+
+    Columns: trial_id, point_json, point, seed, example_id, prediction (text, as the task
+    rendered it). Ordered by trial, seed, example_id.
+    """
+    df = con.execute(
+        f"WITH {_POINTS} SELECT e.trial_id, p.point_json, e.seed, e.example_id, e.prediction "
+        "FROM predictions e LEFT JOIN points p USING (study, trial_id) "
+        "WHERE e.study = ? AND e.split = ? ORDER BY e.trial_id, e.seed, e.example_id",
+        [study, split],
+    ).df()
+    return _labels(df, labels)

@@ -8,7 +8,9 @@ one chart is highlighted in all of them.
 Charts: per-split distribution of the primary metric across seeds; the seed scatter
 between two test splits (declared, else the first two) with fitted line and Pearson r
 with its bootstrap interval; learning curves (mean and min-max band over seeds) of the
-primary metric and the loss; for tuning studies the objective by trial and against each
+primary metric and the loss, with one band per grid point in a panel per split when the
+study has several points; the decision surface per seed of a task that declares
+``decision_boundary`` (heatmap with its 0.5 contour); for tuning studies the objective by trial and against each
 ``param_*``; the task's declared histograms and regressions.
 
 :func:`write_report` is the one-call entry point; :func:`build_report` returns a
@@ -32,6 +34,7 @@ import altair as alt
 from analysis import charts
 from analysis import queries as q
 from analysis.analyze import analyze, declared_regressions, scatter_data
+from analysis.boundary import boundary_data, point_grids
 from analysis.context import StudyContext, axis_label, open_study
 from analysis.db import list_studies
 from analysis.errors import AnalysisError
@@ -42,8 +45,11 @@ __all__ = ["Panel", "Report", "analyze", "build_report", "write_report"]
 MAX_SEED_CURVE_ROWS = 30_000
 """Per-seed curve lines are embedded (for the seed highlight) up to this many rows."""
 
-MAX_CURVE_PANELS = 4
-"""Learning curves get one panel per grid point up to this many points; beyond, pooled."""
+MAX_CURVE_POINTS = 6
+"""Learning curves get one band per grid point up to this many points; beyond, pooled."""
+
+MAX_BOUNDARY_SEEDS = 12
+"""Decision-boundary panels drawn per grid point (the lowest seed indices)."""
 
 IMAGE_SUFFIXES = (".png", ".svg")
 
@@ -77,7 +83,11 @@ class Panel:
 
 def _curves(ctx: StudyContext, store: charts.ChartData, metric: str) -> Panel:
     per_seed = q.curve_values(ctx.con, ctx.name, metric, labels=ctx.labels)
-    if per_seed["point"].nunique() > MAX_CURVE_PANELS:
+    if per_seed["point"].nunique() > MAX_CURVE_POINTS:
+        ctx.notes.append(
+            f"{metric} curves: {per_seed['point'].nunique()} grid points pooled into one band "
+            f"(more than {MAX_CURVE_POINTS})"
+        )
         per_seed["point"] = "all trials"
     agg = (
         per_seed.groupby(["point", "split", "step"], sort=False)["value"]
@@ -91,6 +101,38 @@ def _curves(ctx: StudyContext, store: charts.ChartData, metric: str) -> Panel:
     else:
         chart = charts.learning_curves(store, agg, per_seed, metric, ctx.splits)
     return Panel(f"curves-{metric}", chart, wide=agg["point"].nunique() > 1)
+
+
+def _boundary(ctx: StudyContext, store: charts.ChartData) -> Panel | None:
+    """The declared decision surface per seed, or ``None`` (with a note) without data."""
+    decl = ctx.manifest.declarations.decision_boundary if ctx.manifest else None
+    if decl is None:
+        return None
+    preds = q.split_predictions(ctx.con, ctx.name, decl.split, labels=ctx.labels)
+    if preds.empty:
+        ctx.notes.append(
+            f"decision boundary skipped: no predictions on split {decl.split!r} "
+            "(the study writes them unless train.predictions is off)"
+        )
+        return None
+    data = boundary_data(preds, decl, point_grids(ctx.manifest, decl), max_seeds=MAX_BOUNDARY_SEEDS)
+    ctx.notes.extend(data.notes)
+    if data.cells.empty:
+        ctx.notes.append(
+            f"decision boundary skipped: the predictions on split {decl.split!r} are not numbers"
+        )
+        return None
+    chart = charts.decision_boundary(
+        store,
+        data.cells,
+        data.segments,
+        extent=data.extent,
+        axes=decl.axes,
+        metric=decl.metric,
+        split=decl.split,
+        multi=data.cells["point"].nunique() > 1,
+    )
+    return Panel("decision-boundary", chart, wide=True)
 
 
 def _maximize(ctx: StudyContext) -> bool:
@@ -136,6 +178,9 @@ def build_charts(
     curve_metrics = q.metrics_of(ctx.con, ctx.name, "metrics")
     for metric in [m for m in (ctx.primary, "loss") if m in curve_metrics]:
         out.append(_curves(ctx, store, metric))
+    boundary = _boundary(ctx, store)
+    if boundary is not None:
+        out.append(boundary)
     trials = q.tuning_trials(ctx.con, ctx.name)
     has_objective = bool(trials["objective"].notna().any())
     if has_objective:

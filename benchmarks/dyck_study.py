@@ -68,7 +68,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="fineline-dyck-"))
     try:
         if args.full:
-            raw["model"]["compile"] = args.compile
+            raw["model"]["compile"] = args.compile or raw["model"].get("compile", False)
             raw.pop("name", None)
             wall = timed(raw, "elnaggar2022", out, args.cpus)
             print(f"full elnaggar2022 study (50 runs x 30 epochs, snapshots, all tests): wall {wall:.1f} s ({wall / 60:.1f} min)")

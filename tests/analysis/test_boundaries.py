@@ -56,7 +56,7 @@ def test_declarations_in_list_form_and_unknown_keys() -> None:
                 {"type": "heatmap"},
             ],
             "test_splits": ["short", "long"],
-            "decision_boundary": {"grid": [-1, 1, 41]},
+            "decision_boundary": {"grid": [-1, 1, 41], "id": "i2 * n + i1"},
             "primary_metric": "fpf",
         }
     )  # fmt: skip
@@ -64,7 +64,11 @@ def test_declarations_in_list_form_and_unknown_keys() -> None:
     (r,) = d.regressions
     assert (r.x.split, r.y.split, r.over) == ("val", "very_long", "checkpoints")
     assert d.test_splits == ("short", "long") and d.primary_metric == "fpf"
-    assert set(d.unknown) == {"charts[3] (heatmap)", "decision_boundary"}
+    assert set(d.unknown) == {
+        "charts[3] (heatmap)",
+        "decision_boundary.id (i2 * n + i1: only 'i1 * n + i2' is understood)",
+    }
+    assert d.decision_boundary is None
     with pytest.raises(AnalysisError, match="is not 'runs' or 'checkpoints'"):
         parse_declarations({"regressions": [{"x": ["a", "b"], "y": ["c", "d"], "over": "epochs"}]})
 

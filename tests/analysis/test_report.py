@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from scipy import stats as sps
+from tests_support import CELL_MARKS_JS
+from tests_support import open_report as _open
 
 from analysis.analyze import analyze
 from analysis.demo import write_demo_study
 from analysis.errors import AnalysisError
 from analysis.report import Report, build_report, write_report
-from tests_support import CELL_MARKS_JS, open_report as _open
+
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
