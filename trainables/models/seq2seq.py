@@ -1,0 +1,269 @@
+"""The seq2seq model family: LSTM encoder-decoder with Luong attention, bundled over seeds.
+
+Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
+
+* encoder: ``nn.LSTM`` over source embeddings (optionally bidirectional, several layers,
+  source optionally reversed); each source's final state is taken at its own last
+  position;
+* decoder: ``nn.LSTM`` initialised from the encoder's final (h, c) per layer, input the
+  target embedding with teacher forcing (``BOS y_1 .. y_n``, predicting ``y_1 .. y_n EOS``).
+  **No input feeding**: the attentional state is not fed back into the decoder, so the
+  decoder runs over all steps first and attention is one batched matmul afterwards;
+* attention ``bilinear``: ``score_s = h_dec^T W_a h_enc_s`` (masked beyond the source
+  length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
+  bias in W_a or W_c); attention ``none``: ``h~ = h_dec``;
+* dropout on the source and target embeddings and on h~; ``logits = W_out h~ + b``.
+* bidirectional encoder: each layer's outputs and final states are the concatenation of
+  both directions, and the decoder has ``2 * hidden_size`` units, so it starts from that
+  concatenation with no extra projection (SCAN: BiLSTM 32 per direction, decoder 64).
+  With ``layers > 1`` decoder layer l starts from encoder layer l; attention reads the
+  top layer; there is no dropout between layers.
+
+Implementations (``impl``): ``fast`` (all K members in one batched computation with a
+hand-written LSTM, see :mod:`seq2seq_fast`) and ``reference`` (plain eager ``nn``
+modules, K = 1, see :mod:`seq2seq_reference`). Both read the same stacked parameters
+(layout: :mod:`seq2seq_layout`), draw the same dropout masks and compute the same
+numbers; :meth:`Seq2Seq.to_reference` turns a bundle member into a reference model.
+
+Meta keys read: ``src_vocab``, ``tgt_vocab`` (:class:`Vocab`), ``max_src_len``,
+``max_tgt_len`` and ``decode_len`` (src lengths -> greedy steps; default: ``max_tgt_len
++ 1`` for every example). Predictions: one int64 array per example of exactly
+``decode_len(len(src))`` generated target ids (so it includes the EOS position): greedy
+decoding, or beam search when ``beam_width > 1`` (:mod:`seq2seq_decode`).
+
+Loss reductions (the trainer's ``loss_reduction``): ``sum`` over every target token incl.
+EOS (the paper's; the only one that learns at SGD lr 0.125), ``token_mean``,
+``step_mean_sum`` (per-step mean over the batch, summed over steps); see
+:data:`REDUCTIONS`. Dropout masks follow the protocol in :mod:`seq2seq_layout`.
+
+No fused step: the trainer's generic step (autograd around the hand-written LSTM's
+manual backward, a torch optimizer) is used, so :meth:`Seq2Seq.make_fused_step` returns
+None. Throughput and what was tried: ``benchmarks/seq2seq_kernels.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError
+from trainables.models.base import MemberNoise, Model
+from trainables.models.seq2seq_decode import beam_decode, greedy_decode
+from trainables.models.seq2seq_fast import FastEngine
+from trainables.models.seq2seq_layout import (
+    Arch,
+    Seq2SeqBatch,
+    build_modules,
+    collate,
+    param_layout,
+)
+from trainables.models.seq2seq_reference import ReferenceEngine
+from trainables.registry import MODELS
+from trainables.tasks.base import SplitData
+
+
+class Seq2SeqConfig(FrozenConfig):
+    """Seq2seq model config (defaults: the Weber et al. 2018 symbol-rewriting model)."""
+
+    emb_size: int = Field(32, ge=1)
+    """Embedding size of source and target tokens."""
+    hidden_size: int = Field(32, ge=1)
+    """LSTM units of the encoder per direction (the decoder has this times the directions)."""
+    layers: int = Field(1, ge=1)
+    """Stacked LSTM layers in the encoder and in the decoder."""
+    cell: Literal["lstm"] = "lstm"
+    """Recurrent cell; only ``lstm`` is implemented."""
+    bidirectional: bool = False
+    """Bidirectional encoder; the decoder then starts from both directions' final states
+    concatenated and has ``2 * hidden_size`` units."""
+    reverse_source: bool = False
+    """Feed each source sequence reversed (Sutskever et al. 2014)."""
+    attention: Literal["bilinear", "none"] = "bilinear"
+    """``bilinear``: Luong's general score ``h_dec^T W_a h_enc`` with ``tanh(W_c [context;
+    h_dec])``; ``none``: the decoder state goes straight to the output layer."""
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    """Dropout probability on source and target embeddings and on the output layer input."""
+    init_range: float = Field(0.1, gt=0.0)
+    """Every parameter is initialised from U(-init_range, init_range)."""
+    impl: Literal["fast", "reference"] = "fast"
+    """``fast``: batched bundle implementation; ``reference``: plain eager ``nn`` modules,
+    one seed per model (the baseline the fast path is tested against)."""
+    compile: bool = False
+    """Reserved; must stay false. ``torch.compile`` of the LSTM step, of whole sequences and
+    of fixed chunks of steps was measured and none paid on a CPU core (findings in
+    ``trainables/models/seq2seq_cells.py``), so there is no compiled path."""
+    beam_width: int = Field(1, ge=1)
+    """Beam width for predictions; 1 = greedy decoding."""
+
+    @model_validator(mode="after")
+    def _no_compiled_path(self) -> Seq2SeqConfig:
+        if self.compile:
+            raise ValueError(
+                "compile: seq2seq has no compiled path (torch.compile measured slower than "
+                "the eager fast path; see trainables/models/seq2seq_cells.py). Fix: set "
+                "compile: false"
+            )
+        return self
+
+
+# --- loss reductions: (token CE (K, N), batch) -> (K,) -----------------------------------
+
+
+def reduce_sum(ce: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
+    """Summed over every target token (incl. EOS) of the member's batch (the paper's loss)."""
+    return ce.sum(1)
+
+
+def reduce_token_mean(ce: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
+    """Averaged over the member's target tokens (incl. EOS)."""
+    return ce.sum(1) / batch.n_tokens
+
+
+def reduce_step_mean_sum(ce: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
+    """Per decoder step, the mean over the examples that have a token there; summed over steps."""
+    return (ce * batch.tok_step_weight).sum(1)
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor, Seq2SeqBatch], torch.Tensor]] = {
+    "sum": reduce_sum,
+    "token_mean": reduce_token_mean,
+    "step_mean_sum": reduce_step_mean_sum,
+}
+
+
+def _arch(cfg: Seq2SeqConfig, meta: dict[str, Any]) -> Arch:
+    missing = [
+        key for key in ("src_vocab", "tgt_vocab", "max_src_len", "max_tgt_len") if key not in meta
+    ]
+    if missing:
+        raise ConfigError(
+            "model.name",
+            f"seq2seq needs task meta keys {missing}, which this task does not provide",
+            "pair seq2seq with a task of data kind 'seq2seq' (e.g. symbol_rewriting, scan)",
+        )
+    return Arch(
+        src_vocab=len(meta["src_vocab"]),
+        tgt_vocab=len(meta["tgt_vocab"]),
+        emb=cfg.emb_size,
+        hidden=cfg.hidden_size,
+        directions=2 if cfg.bidirectional else 1,
+        layers=cfg.layers,
+        attention=cfg.attention == "bilinear",
+        dropout=cfg.dropout,
+        max_src_len=int(meta["max_src_len"]),
+        max_tgt_len=int(meta["max_tgt_len"]),
+    )
+
+
+@MODELS.register
+class Seq2Seq(Model):
+    """K seq2seq replicas with stacked parameters (see the module docstring)."""
+
+    name: ClassVar[str] = "seq2seq"
+    Config: ClassVar[type[FrozenConfig]] = Seq2SeqConfig
+    data_kind = "seq2seq"
+    tiny: ClassVar[dict[str, Any]] = {"emb_size": 32, "hidden_size": 32}
+    """The contract test's config: the paper sizes. Smaller models under the summed loss
+    and SGD lr 0.125 move ~20% per clipped step, a chaotic regime where float rounding
+    (bundle vs lone) outgrows 1e-5 within 200 steps."""
+
+    def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
+        super().__init__(config, meta, k)
+        assert isinstance(config, Seq2SeqConfig)
+        self.cfg = config
+        if config.impl == "reference" and k != 1:
+            raise ConfigError(
+                "model.impl",
+                f"the reference implementation runs one seed per model, got a bundle of {k}",
+                "use impl: fast for bundles, or a bundle size of 1",
+            )
+        self.arch = _arch(config, meta)
+        self.decode_len: Callable[[np.ndarray], np.ndarray] = meta.get(
+            "decode_len", lambda lengths: np.full(len(lengths), self.arch.max_tgt_len + 1)
+        )
+        for name, (_, _, shape) in param_layout(build_modules(self.arch)).items():
+            self.register_parameter(name, nn.Parameter(torch.empty(k, *shape)))
+        self.engine: FastEngine | ReferenceEngine
+        if config.impl == "reference":
+            self.engine = ReferenceEngine(self.arch)
+        else:
+            self.engine = FastEngine(self.arch)
+
+    # ------------------------------------------------------------------ parameters
+    def init_member(self, member: int, generator: torch.Generator) -> None:
+        """U(-init_range, init_range) for every parameter, in registration order, on the CPU."""
+        r = self.cfg.init_range
+        with torch.no_grad():
+            for p in self.parameters():
+                draw = torch.empty(p.shape[1:]).uniform_(-r, r, generator=generator)
+                p[member].copy_(draw)
+
+    def to_reference(self, member: int) -> Seq2Seq:
+        """A K = 1 ``impl: reference`` model holding member ``member``'s weights."""
+        return self.to_impl("reference", member)
+
+    def to_impl(self, impl: Literal["fast", "reference"], member: int) -> Seq2Seq:
+        """A K = 1 model of implementation ``impl`` holding member ``member``'s weights."""
+        cfg = self.cfg.model_copy(update={"impl": impl, "compile": False})
+        other = Seq2Seq(cfg, self.meta, 1)
+        other.load_member_state(0, self.member_state(member))
+        return other.to(next(self.parameters()).device)
+
+    def reference_modules(self, member: int) -> nn.ModuleDict:
+        """Member ``member`` as plain torch modules (``nn.LSTM`` etc.) on the CPU, for export."""
+        mods = build_modules(self.arch, "meta").to_empty(device="cpu")
+        with torch.no_grad():
+            for name, (module, pname, _) in param_layout(mods).items():
+                mods[module].get_parameter(pname).copy_(getattr(self, name)[member])
+        for m in mods.values():
+            if isinstance(m, nn.LSTM):
+                m.flatten_parameters()
+        return mods
+
+    def make_fused_step(self, train_cfg: Any) -> None:
+        """No fused step: the trainer's generic step is used (see the module docstring)."""
+        return None
+
+    # ------------------------------------------------------------------ batches and losses
+    def make_batch(
+        self, data: SplitData, rows: Sequence[np.ndarray], device: torch.device
+    ) -> Seq2SeqBatch:
+        assert len(rows) == self.k, f"expected rows for {self.k} members, got {len(rows)}"
+        return collate(data, rows, device, self.cfg.reverse_source, self.decode_len)
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters())
+
+    def loss(self, batch: Any, noise: MemberNoise | None, reduction: str) -> torch.Tensor:
+        if reduction not in REDUCTIONS:
+            raise ConfigError(
+                "train.loss_reduction",
+                f"seq2seq has no loss reduction {reduction!r}",
+                f"use one of: {', '.join(REDUCTIONS)}",
+            )
+        ce = self.engine.token_ce(self._params(), batch, noise)  # (K, N)
+        return REDUCTIONS[reduction](ce, batch)
+
+    def example_losses(self, batch: Any) -> torch.Tensor:
+        """Summed cross-entropy per example (K, B), without dropout."""
+        ce = self.engine.token_ce(self._params(), batch, None)  # (K, N)
+        k, b = batch.src_len.shape
+        out = ce.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), ce.view(-1))
+        return out.view(k, b)
+
+    @torch.no_grad()
+    def predict(self, batch: Any) -> list[list[np.ndarray]]:
+        """K lists of B int64 arrays: greedy (or beam) decoding for each example's decode_len."""
+        width = self.cfg.beam_width
+        stepper = self.engine.start_decode(self._params(), batch, width)
+        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
+        tokens = greedy_decode(stepper, steps) if width == 1 else beam_decode(stepper, steps, width)
+        out = tokens.cpu().numpy()
+        n = batch.decode_steps
+        return [[out[k, b, : n[k, b]].copy() for b in range(out.shape[1])] for k in range(self.k)]

@@ -1,0 +1,188 @@
+"""A hand-written, bundled LSTM layer with a manual backward pass.
+
+Shapes: K members, T time steps, B examples, H hidden units, G = 4H gate units. Buffers
+are member-major ``(K, T, B, .)``: step t is ``[:, t]``, K contiguous ``(B, .)`` blocks,
+and the input projection (one ``bmm`` for all steps), ``dW_hh`` and the gradient of the
+input projection need no transposes.
+
+Gates are kept in the internal order **o, i, f, g** (torch: i, f, g, o; rows permuted by
+:func:`prepare_gates`): the three gates whose gradient scales with ``dc`` are adjacent.
+
+**Why a custom autograd.Function.** Autograd over a Python time loop records about ten
+nodes per step, and writing outputs into a preallocated buffer under autograd adds a
+``CopySlices`` node per step whose backward clones the whole buffer (quadratic in T).
+Here the forward writes each step into preallocated buffers with ``out=`` ops (no
+autograd inside), and the backward is one reverse loop of six small ops per step. The
+gate derivatives that do not depend on the recurrence are computed vectorised over
+chunks of steps sized to stay in cache (vectorising over all T at once streams
+``(K, T, B, 4H)`` arrays through memory, which is slower for large K).
+
+Measured on one CPU thread (see ``benchmarks/seq2seq_kernels.py``): torch's ``tanh``
+costs about six ``sigmoid``s per element; computing it as ``2 sigmoid(2x) - 1`` saved
+about 5% of a K=1 training step but moved gradients about 1e-7 relative away from the
+reference's rounding (several times that on the ill-conditioned attention weights), so
+the cell uses ``tanh`` like ``nn.LSTM`` does.
+
+**torch.compile does not pay here** (one CPU thread, H=32, B=64), so there is no
+compiled path: compiling one step costs ~30 us per call, more than the eager ops it
+fuses; compiling a whole unrolled sequence made the recurrence ~2x faster than a naive
+eager loop but costs ~170 s of compilation per distinct T; compiling fixed 8-step chunks
+(one 60-80 s compile per (K, B, H), T padded) ran full training steps 10-16% *slower*
+than this eager cell (K=1 and K=4, interleaved A/B), and its guards (input aliasing,
+``requires_grad``) recompiled into dynamo's limit of 8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CHUNK_FLOATS = 65536
+"""Backward gate derivatives are computed for chunks of about this many gate values."""
+
+
+def gate_order(hidden: int, device: torch.device | str) -> torch.Tensor:
+    """Row permutation from torch's gate order (i, f, g, o) to ours (o, i, f, g)."""
+    h = hidden
+    order = [
+        torch.arange(3 * h, 4 * h),
+        torch.arange(0, h),
+        torch.arange(h, 2 * h),
+        torch.arange(2 * h, 3 * h),
+    ]
+    return torch.cat(order).to(device)
+
+
+def prepare_gates(w: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Torch-layout gate rows (K, 4H, ...) -> our gate order (differentiable)."""
+    return w.index_select(1, gate_order(hidden, w.device))
+
+
+def cell_step(
+    z: torch.Tensor,
+    c: torch.Tensor,
+    act: torch.Tensor,
+    c_out: torch.Tensor,
+    tc_out: torch.Tensor,
+    h_out: torch.Tensor,
+) -> None:
+    """One LSTM update from pre-activations z (K, B, 4H) and cell c (K, B, H), written into
+    ``act`` (gate activations o, i, f, g), ``c_out`` (new c), ``tc_out`` (tanh(c)), ``h_out``."""
+    hid = c.shape[-1]
+    torch.sigmoid(z, out=act)  # the g part is overwritten next (one contiguous sigmoid is cheaper)
+    torch.tanh(z[..., 3 * hid :], out=act[..., 3 * hid :])
+    o, i, f, g = (
+        act[..., :hid],
+        act[..., hid : 2 * hid],
+        act[..., 2 * hid : 3 * hid],
+        act[..., 3 * hid :],
+    )
+    torch.mul(f, c, out=c_out).addcmul_(i, g)
+    torch.tanh(c_out, out=tc_out)
+    torch.mul(o, tc_out, out=h_out)
+
+
+class LSTMSequence(torch.autograd.Function):
+    """One bundled LSTM layer over T steps: (xp, w_hh, h0, c0) -> (hs, cs).
+
+    xp (K, T, B, 4H) input projections incl. both biases and w_hh (K, 4H, H), both in our
+    gate order (:func:`prepare_gates`); h0, c0 (K, B, H). Returns every step's hidden and
+    cell state (K, T, B, H) (cs so callers can take each sequence's own last cell state).
+    Per-step views are made once with ``unbind`` (slicing inside the loop costs as much
+    as the arithmetic at these sizes).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, xp: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k, t_len, b, g4 = xp.shape
+        hid = g4 // 4
+        w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
+        act = xp.new_empty(k, t_len, b, g4)  # gate activations o, i, f, g
+        hs = xp.new_empty(k, t_len, b, hid)
+        cs = torch.empty_like(hs)
+        tcs = torch.empty_like(hs)  # tanh(c)
+        z = xp.new_empty(k, b, g4)
+        z_g = z[..., 3 * hid :]
+        gates = act.view(k, t_len, b, 4, hid)
+        o, i, f, g = (gates[..., n, :].unbind(1) for n in range(4))
+        xps, acts, hss, css, tcss = (x.unbind(1) for x in (xp, act, hs, cs, tcs))
+        h, c = h0, c0
+        for t in range(t_len):
+            torch.baddbmm(xps[t], h, w_hh_t, out=z)
+            torch.sigmoid(z, out=acts[t])  # the g part is overwritten next
+            torch.tanh(z_g, out=g[t])
+            torch.mul(f[t], c, out=css[t]).addcmul_(i[t], g[t])
+            torch.tanh(css[t], out=tcss[t])
+            torch.mul(o[t], tcss[t], out=hss[t])
+            h, c = hss[t], css[t]
+        ctx.save_for_backward(act, hs, cs, tcs, h0, c0, w_hh)
+        ctx.set_materialize_grads(False)
+        return hs, cs
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, dhs: torch.Tensor | None, dcs: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
+        k, t_len, b, g4 = act.shape
+        hid = g4 // 4
+        d_gates = torch.empty_like(act)  # (K, T, B, 4H)
+        d_all = d_gates.view(k, t_len, b, 4, hid).unbind(1)
+        d_o = d_gates[..., :hid].unbind(1)
+        dhs_t = dhs.unbind(1) if dhs is not None else None
+        dcs_t = dcs.unbind(1) if dcs is not None else None
+        dh = hs.new_zeros(k, b, hid)
+        dc = hs.new_zeros(k, b, hid)
+        chunk = max(1, CHUNK_FLOATS // (k * b * g4))
+        for t1 in range(t_len, 0, -chunk):
+            t0 = max(0, t1 - chunk)
+            coef_h, coef, f = _gate_derivatives(act, cs, tcs, c0, t0, t1)
+            coef_h_t, f_t = coef_h.unbind(1), f.unbind(1)
+            coef_all = coef.view(k, t1 - t0, b, 4, hid).unbind(1)
+            coef_o = coef[..., :hid].unbind(1)
+            for t in range(t1 - 1, t0 - 1, -1):
+                j = t - t0
+                if dhs_t is not None:
+                    dh.add_(dhs_t[t])
+                if dcs_t is not None:
+                    dc.add_(dcs_t[t])
+                dc.addcmul_(dh, coef_h_t[j])  # dc += dh o (1 - tanh(c)^2)
+                torch.mul(dc.unsqueeze(2), coef_all[j], out=d_all[t])  # i, f, g scale with dc
+                torch.mul(dh, coef_o[j], out=d_o[t])  # o scales with dh
+                dc.mul_(f_t[j])
+                dh = torch.bmm(d_gates[:, t], w_hh)
+        h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)
+        d_w_hh = torch.bmm(
+            d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.view(k, t_len * b, hid)
+        )
+        return d_gates, d_w_hh, dh, dc
+
+
+def _gate_derivatives(
+    act: torch.Tensor, cs: torch.Tensor, tcs: torch.Tensor, c0: torch.Tensor, t0: int, t1: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For steps t0..t1-1 (C of them): coef_h (K, C, B, H) = o (1 - tanh(c)^2); coef
+    (K, C, B, 4H) = d gate pre-activation / d(h for o, c for i, f, g); f (K, C, B, H)."""
+    hid = cs.shape[-1]
+    a = act[:, t0:t1]
+    o, i, f, g = a[..., :hid], a[..., hid : 2 * hid], a[..., 2 * hid : 3 * hid], a[..., 3 * hid :]
+    tc = tcs[:, t0:t1]
+    c_prev = cs[:, t0 - 1 : t1 - 1] if t0 > 0 else torch.cat([c0.unsqueeze(1), cs[:, : t1 - 1]], 1)
+    coef = torch.empty_like(a)
+    torch.mul(tc * o, 1.0 - o, out=coef[..., :hid])
+    torch.mul(g * i, 1.0 - i, out=coef[..., hid : 2 * hid])
+    torch.mul(c_prev * f, 1.0 - f, out=coef[..., 2 * hid : 3 * hid])
+    torch.mul(i, 1.0 - g * g, out=coef[..., 3 * hid :])
+    coef_h = o * (1.0 - tc * tc)
+    return coef_h, coef, f.contiguous()
+
+
+def lstm_sequence(
+    xp: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typed wrapper of :class:`LSTMSequence` (see there for shapes)."""
+    out = LSTMSequence.apply(xp, w_hh, h0, c0)
+    return out[0], out[1]

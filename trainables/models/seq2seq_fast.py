@@ -1,0 +1,317 @@
+"""The fast seq2seq implementation: all K members in one batched computation.
+
+Every matmul is a ``bmm`` over the member dim; embeddings of K members are one lookup
+into the ``(K * V, E)`` stacked table with ids offset by ``k * V``. Recurrent activations
+are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
+
+* the input projections of all time steps are one matmul per layer, and the recurrence
+  is the hand-written :mod:`seq2seq_cells` LSTM with a manual backward;
+* attention scores for all decoder steps are one ``bmm`` (no input feeding), with a
+  softmax written for short rows;
+* the combine layer, dropout, output projection and cross-entropy run only on the
+  token list (the real target positions), not on padding; evaluation losses are made
+  in cache-sized chunks of tokens.
+
+A bundle member computes what a lone run computes: every member-dependent reduction
+runs over that member's own data, padded at the end (attention keys are projected
+time-major, the output bias is folded into the output gemm), so bundle and lone run
+agree to float rounding of the gemm kernels (bitwise for most tensors at step 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trainables.models.base import MemberNoise
+from trainables.models.seq2seq_cells import cell_step, lstm_sequence, prepare_gates
+from trainables.models.seq2seq_layout import (
+    IGNORE,
+    Arch,
+    Seq2SeqBatch,
+    dropout_masks,
+    scatter_rows,
+)
+
+EVAL_CHUNK_FLOATS = 1 << 18
+"""Logits held at once when computing evaluation losses (1 MiB of float32)."""
+
+
+@dataclass
+class _Layer:
+    """One LSTM layer (one direction) in the cell's gate layout (see :mod:`seq2seq_cells`)."""
+
+    w_ih_t: torch.Tensor  # (K, in, 4H)
+    bias: torch.Tensor  # (K, 1, 4H) = b_ih + b_hh
+    w_hh: torch.Tensor  # (K, 4H, H)
+
+
+@dataclass
+class _Weights:
+    """The stacked parameters rearranged for computation (autograd flows through)."""
+
+    src_emb: torch.Tensor  # (K * Vs, E)
+    tgt_emb: torch.Tensor  # (K * Vt, E)
+    encoder: list[list[_Layer]]  # [layer][direction]
+    decoder: list[_Layer]
+    attn_t: torch.Tensor | None  # (K, He, Hd)
+    comb_ctx_t: torch.Tensor | None  # (K, He, Hd)
+    comb_h_t: torch.Tensor | None  # (K, Hd, Hd)
+    out_t: torch.Tensor  # (K, Hd, V)
+    out_b: torch.Tensor  # (K, 1, V)
+
+
+def _layer(p: Mapping[str, torch.Tensor], prefix: str, suffix: str, hidden: int) -> _Layer:
+    w_ih = prepare_gates(p[f"{prefix}_weight_ih_{suffix}"], hidden)
+    w_hh = prepare_gates(p[f"{prefix}_weight_hh_{suffix}"], hidden)
+    bias = prepare_gates(p[f"{prefix}_bias_ih_{suffix}"] + p[f"{prefix}_bias_hh_{suffix}"], hidden)
+    return _Layer(w_ih.transpose(1, 2), bias.unsqueeze(1), w_hh)
+
+
+def _weights(arch: Arch, p: Mapping[str, torch.Tensor]) -> _Weights:
+    dirs = ["", "_reverse"][: arch.directions]
+    layers = range(arch.layers)
+    encoder = [[_layer(p, "encoder", f"l{n}{d}", arch.hidden) for d in dirs] for n in layers]
+    decoder = [_layer(p, "decoder", f"l{n}", arch.dec_hidden) for n in layers]
+    attn_t = comb_ctx_t = comb_h_t = None
+    if arch.attention:
+        attn_t = p["attn_weight"].transpose(1, 2)
+        comb = p["combine_weight"]  # (K, Hd, He + Hd) over [context; h_dec]
+        comb_ctx_t = comb[:, :, : arch.enc_out].transpose(1, 2)
+        comb_h_t = comb[:, :, arch.enc_out :].transpose(1, 2)
+    return _Weights(
+        src_emb=p["src_emb_weight"].flatten(0, 1),
+        tgt_emb=p["tgt_emb_weight"].flatten(0, 1),
+        encoder=encoder,
+        decoder=decoder,
+        attn_t=attn_t,
+        comb_ctx_t=comb_ctx_t,
+        comb_h_t=comb_h_t,
+        out_t=p["out_weight"].transpose(1, 2),
+        out_b=p["out_bias"].unsqueeze(1),
+    )
+
+
+def _embed(table: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Per-member lookup: ids (K, ...) into the (K * V, E) stacked table -> (K, ..., E)."""
+    k = ids.shape[0]
+    offsets = torch.arange(k, device=ids.device).mul_(vocab).view(k, *[1] * (ids.dim() - 1))
+    return F.embedding(ids + offsets, table)
+
+
+def _run_layer(
+    x: torch.Tensor, layer: _Layer, h0: torch.Tensor, c0: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (K, T, B, in) -> hs, cs (K, T, B, H)."""
+    k, t, b, e = x.shape
+    xp = torch.baddbmm(layer.bias, x.reshape(k, t * b, e), layer.w_ih_t).view(k, t, b, -1)
+    return lstm_sequence(xp, layer.w_hh, h0, c0)
+
+
+def _time_gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (K, T, B, F), index (K, T', B) -> x[k, index[k, t, b], b] (K, T', B, F)."""
+    return torch.gather(x, 1, index.unsqueeze(-1).expand(*index.shape, x.shape[-1]))
+
+
+class FastEngine:
+    """Batched bundle computation over stacked parameters (see the module docstring)."""
+
+    def __init__(self, arch: Arch) -> None:
+        self.arch = arch
+
+    # ------------------------------------------------------------------ encoder
+    def encode(
+        self, w: _Weights, batch: Seq2SeqBatch, noise: MemberNoise | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+        """Encoder outputs (K, B, S, He), attention keys ``W_a h_enc`` (K, B, S, Hd) (None
+        without attention) and per layer the final h, c (K, B, Hd)."""
+        a = self.arch
+        k, b, s = batch.src.shape
+        x = _embed(w.src_emb, batch.src.transpose(1, 2), a.src_vocab)  # (K, S, B, E)
+        mask = dropout_masks(noise, a.dropout, batch.src_counts, a.emb)
+        if mask is not None:
+            x = x * scatter_rows(mask, batch.src_tm_pos, (k, s, b, a.emb))
+        last = (batch.src_len - 1).view(k, 1, b, 1).expand(k, 1, b, a.hidden)
+        rev = batch.src_rev.transpose(1, 2)  # (K, S, B)
+        zeros = x.new_zeros(k, b, a.hidden)
+        h_fin: list[torch.Tensor] = []
+        c_fin: list[torch.Tensor] = []
+        for layer in w.encoder:
+            hs, cs = _run_layer(x, layer[0], zeros, zeros)
+            finals = [(hs.gather(1, last).squeeze(1), cs.gather(1, last).squeeze(1))]
+            outs = [hs]
+            if a.directions == 2:
+                hs_r, cs_r = _run_layer(_time_gather(x, rev), layer[1], zeros, zeros)
+                finals.append((hs_r.gather(1, last).squeeze(1), cs_r.gather(1, last).squeeze(1)))
+                outs.append(_time_gather(hs_r, rev))
+            x = torch.cat(outs, -1) if len(outs) > 1 else hs
+            h_fin.append(torch.cat([f[0] for f in finals], -1))
+            c_fin.append(torch.cat([f[1] for f in finals], -1))
+        keys = None
+        if w.attn_t is not None:
+            # time-major, so a member's padding is trailing in dW_a's reduction over (S, B):
+            # its gradient is then bitwise the same in a bundle and in a lone run
+            keys = (
+                torch.bmm(x.reshape(k, s * b, a.enc_out), w.attn_t)
+                .view(k, s, b, -1)
+                .transpose(1, 2)
+            )
+            keys = keys.contiguous()
+        return x.transpose(1, 2).contiguous(), keys, h_fin, c_fin
+
+    # ------------------------------------------------------------------ training loss
+    def token_ce(
+        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, noise: MemberNoise | None
+    ) -> torch.Tensor:
+        """Cross-entropy of every listed target token (K, N), 0 at token-list padding."""
+        a = self.arch
+        w = _weights(a, params)
+        enc, keys, h_fin, c_fin = self.encode(w, batch, noise)  # (K, B, S, He)
+        k, b, t = batch.tgt_in.shape
+        s = enc.shape[2]
+        y = _embed(w.tgt_emb, batch.tgt_in.transpose(1, 2), a.tgt_vocab)  # (K, T, B, E)
+        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.emb)
+        if mask is not None:
+            y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.emb))
+        y = self.decoder(w, y, h_fin, c_fin)  # (K, T, B, Hd)
+        hd = a.dec_hidden
+        q = y.transpose(1, 2).contiguous()  # (K, B, T, Hd)
+        pos = batch.tok_pos.view(-1)
+        n = batch.tok_pos.shape[1]
+        q_tok = q.view(k * b * t, hd).index_select(0, pos).view(k, n, hd)
+        if keys is not None:
+            assert w.comb_ctx_t is not None and w.comb_h_t is not None
+            he = a.enc_out
+            bias = torch.zeros(batch.src_mask.shape, dtype=q.dtype, device=q.device)
+            bias.masked_fill_(~batch.src_mask, float("-inf"))
+            scores = torch.baddbmm(
+                bias.view(k * b, 1, s),
+                q.view(k * b, t, hd),
+                keys.view(k * b, s, hd).transpose(1, 2),
+            )
+            ctx = torch.bmm(self.softmax(scores), enc.view(k * b, s, he))  # (K*B, T, He)
+            ctx_tok = ctx.view(k * b * t, he).index_select(0, pos).view(k, n, he)
+            u = torch.baddbmm(torch.bmm(q_tok, w.comb_h_t), ctx_tok, w.comb_ctx_t).tanh()
+        else:
+            u = q_tok
+        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
+        if mask is not None:
+            u = u * scatter_rows(mask, batch.tok_list_pos, (k, n, hd))
+        # the bias as a weight row over a constant-1 feature: its gradient is then a gemm
+        # reduction (trailing token-list padding adds exact zeros) instead of a cascade sum
+        # whose grouping depends on the padded length
+        u1 = torch.cat([u, u.new_ones(k, n, 1)], -1)
+        return self.output_ce(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target)
+
+    def output_ce(self, u1: torch.Tensor, w1: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (K, N) of logits ``u1 @ w1`` (bias folded in) against ``target``.
+
+        Without autograd (evaluation: tens of thousands of tokens per chunk) the logits are
+        made for about 1 MiB of them at a time, which stays in cache: 2.4x faster than one
+        pass. Training batches are small enough that one pass is faster.
+        """
+        k, n, _ = u1.shape
+        v = w1.shape[2]
+        step = n if torch.is_grad_enabled() else max(1, EVAL_CHUNK_FLOATS // (k * v))
+        parts = []
+        for n0 in range(0, n, step):
+            logits = torch.bmm(u1[:, n0 : n0 + step], w1)  # (K, C, V)
+            c = logits.shape[1]
+            ce = F.cross_entropy(
+                logits.view(k * c, v),
+                target[:, n0 : n0 + step].reshape(-1),
+                ignore_index=IGNORE,
+                reduction="none",
+            )
+            parts.append(ce.view(k, c))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    def decoder(
+        self, w: _Weights, y: torch.Tensor, h_fin: list[torch.Tensor], c_fin: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Teacher-forced decoder LSTM layers: y (K, T, B, E) -> top-layer states (K, T, B, Hd).
+
+        Always the hand-written cell, also for K = 1: torch's native kernel (oneDNN) is
+        about 1.9x faster on one member, but a lone run must compute exactly what a bundle
+        member computes, and mixing kernels let float rounding grow past 1e-5 within 200
+        training steps of the paper config (the contract test).
+        """
+        for layer, h0, c0 in zip(w.decoder, h_fin, c_fin, strict=True):
+            y, _ = _run_layer(y, layer, h0, c0)
+        return y
+
+    @staticmethod
+    def softmax(scores: torch.Tensor) -> torch.Tensor:
+        """Softmax over the last dim. Rows are short (source positions), where torch's fused
+        softmax pays per row; these four whole-tensor ops took half its time."""
+        e = (scores - scores.amax(-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    # ------------------------------------------------------------------ decoding
+    def start_decode(
+        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int
+    ) -> FastStepper:
+        w = _weights(self.arch, params)
+        enc, keys, h_fin, c_fin = self.encode(w, batch, None)
+        return FastStepper(self.arch, w, enc, keys, batch.src_mask, h_fin, c_fin, width)
+
+
+class FastStepper:
+    """Greedy/beam decoding state of a bundle: N = B * width hypotheses per member."""
+
+    def __init__(
+        self,
+        arch: Arch,
+        w: _Weights,
+        enc: torch.Tensor,
+        keys: torch.Tensor | None,
+        src_mask: torch.Tensor,
+        h_fin: list[torch.Tensor],
+        c_fin: list[torch.Tensor],
+        width: int,
+    ) -> None:
+        k, b, s, he = enc.shape
+        self.arch, self.w, self.k, self.n = arch, w, k, b * width
+        self.h = torch.stack(h_fin).repeat_interleave(width, 2)  # (L, K, N, Hd)
+        self.c = torch.stack(c_fin).repeat_interleave(width, 2)
+        enc = enc.repeat_interleave(width, 1)  # (K, N, S, He)
+        self.enc = enc.view(k * self.n, s, he)
+        self.keys_t = None
+        if keys is not None:  # (K, B, S, Hd) -> (K * N, Hd, S)
+            keys = keys.repeat_interleave(width, 1)
+            self.keys_t = keys.view(k * self.n, s, -1).transpose(1, 2).contiguous()
+        bias = torch.zeros(src_mask.shape, dtype=enc.dtype, device=enc.device)
+        bias.masked_fill_(~src_mask, float("-inf"))
+        self.bias = bias.repeat_interleave(width, 1).view(k * self.n, 1, s)
+        self._act = enc.new_empty(k, self.n, 4 * arch.dec_hidden)  # cell scratch
+        self._tc = enc.new_empty(k, self.n, arch.dec_hidden)
+
+    def step(self, prev: torch.Tensor) -> torch.Tensor:
+        """prev (K, N) tokens -> next-token logits (K, N, V)."""
+        a, w = self.arch, self.w
+        x = _embed(w.tgt_emb, prev, a.tgt_vocab)  # (K, N, E)
+        hd = a.dec_hidden
+        h_new, c_new = torch.empty_like(self.h), torch.empty_like(self.c)
+        for n, layer in enumerate(w.decoder):
+            z = torch.baddbmm(layer.bias, x, layer.w_ih_t).baddbmm_(
+                self.h[n], layer.w_hh.transpose(1, 2)
+            )
+            cell_step(z, self.c[n], self._act, c_new[n], self._tc, h_new[n])
+            x = h_new[n]
+        self.h, self.c = h_new, c_new
+        if self.keys_t is not None:
+            assert w.comb_ctx_t is not None and w.comb_h_t is not None
+            kn = self.k * self.n
+            scores = torch.baddbmm(self.bias, x.view(kn, 1, hd), self.keys_t)  # (K*N, 1, S)
+            ctx = torch.bmm(FastEngine.softmax(scores), self.enc).view(self.k, self.n, -1)
+            x = torch.baddbmm(torch.bmm(x, w.comb_h_t), ctx, w.comb_ctx_t).tanh()
+        return torch.baddbmm(w.out_b, x, w.out_t)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Hypothesis j of member k becomes the old hypothesis ``index[k, j]`` (K, N)."""
+        idx = index.view(1, self.k, self.n, 1).expand_as(self.h)
+        self.h = self.h.gather(2, idx)
+        self.c = self.c.gather(2, idx)

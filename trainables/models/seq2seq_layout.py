@@ -1,0 +1,264 @@
+"""What both seq2seq implementations share: sizes, parameter layout, batches, dropout.
+
+**Parameter layout.** The parameters are those of plain torch modules (built on the
+``meta`` device, so building them draws no random numbers): ``src_emb``/``tgt_emb``
+(``nn.Embedding``), ``encoder``/``decoder`` (``nn.LSTM``, batch-first, gate order i, f,
+g, o), ``attn`` (``nn.Linear(enc_out, dec_hidden, bias=False)``, the bilinear ``W_a``),
+``combine`` (``nn.Linear(enc_out + dec_hidden, dec_hidden, bias=False)``, ``W_c`` over
+``[context; h_dec]``) and ``out`` (``nn.Linear(dec_hidden, tgt_vocab)``). Each is stored
+stacked over the K members under the name ``{module}_{param}``, e.g.
+``encoder_weight_ih_l0_reverse`` ``(K, 4H, E)``. Both implementations read the same
+stacked parameters, so a member's state is the same dict whichever computes it.
+
+**Batch layout** (:class:`Seq2SeqBatch`): per member, sources padded with 0 to the longest
+source of the whole bundle, decoder inputs ``BOS y_1 .. y_n`` and outputs ``y_1 .. y_n
+EOS`` padded to the longest target + 1, plus a *token list*: every member's non-padding
+target positions in (example, time) order, padded to the member with the most tokens.
+The loss is computed only on the token list.
+
+**Dropout protocol** (identical in both implementations, so a lone run, a bundle member
+and the reference draw the same masks): each loss call draws, per member from its own
+generator, uniform numbers for exactly that member's *non-padding* positions in
+(example, time) order: (1) source embeddings ``(src tokens, E)``, (2) decoder-input
+embeddings ``(target tokens + EOS, E)``, (3) the attentional state before the output
+layer ``(target tokens + EOS, dec_hidden)``. That canonical shape depends only on the
+member's own batch, never on the padding of the bundle, and skips the padding a
+``(B, meta max length, features)`` draw would waste: with symbol rewriting's maximum
+lengths that draw (``MemberNoise.dropout_mask``, ``bernoulli_``) took about 1.3 ms of a
+~12 ms step on one thread, these ``torch.rand`` draws about 0.3 ms. A unit is kept when
+``u < 1 - p`` and scaled by ``1/(1-p)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainables.errors import DataError
+from trainables.models.base import MemberNoise
+from trainables.tasks.base import BOS, EOS, SeqPairs, SplitData
+
+IGNORE = -100
+"""Target id of token-list padding (``F.cross_entropy``'s ``ignore_index``)."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Sizes and switches of one seq2seq architecture (from the config and task meta)."""
+
+    src_vocab: int
+    tgt_vocab: int
+    emb: int
+    hidden: int
+    """Encoder hidden size per direction."""
+    directions: int
+    """1, or 2 for a bidirectional encoder."""
+    layers: int
+    attention: bool
+    dropout: float
+    max_src_len: int
+    max_tgt_len: int
+
+    @property
+    def enc_out(self) -> int:
+        """Size of an encoder output (both directions concatenated)."""
+        return self.hidden * self.directions
+
+    @property
+    def dec_hidden(self) -> int:
+        """Decoder hidden size: the encoder's output size, so its final state initialises it."""
+        return self.enc_out
+
+
+def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleDict:
+    """The plain torch modules whose parameters define the layout (see the module doc)."""
+    kw: dict[str, Any] = {"device": device}
+    mods: dict[str, nn.Module] = {
+        "src_emb": nn.Embedding(arch.src_vocab, arch.emb, **kw),
+        "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.emb, **kw),
+        "encoder": nn.LSTM(
+            arch.emb,
+            arch.hidden,
+            arch.layers,
+            batch_first=True,
+            bidirectional=arch.directions == 2,
+            **kw,
+        ),
+        "decoder": nn.LSTM(arch.emb, arch.dec_hidden, arch.layers, batch_first=True, **kw),
+    }
+    if arch.attention:
+        mods["attn"] = nn.Linear(arch.enc_out, arch.dec_hidden, bias=False, **kw)
+        mods["combine"] = nn.Linear(
+            arch.enc_out + arch.dec_hidden, arch.dec_hidden, bias=False, **kw
+        )
+    mods["out"] = nn.Linear(arch.dec_hidden, arch.tgt_vocab, **kw)
+    return nn.ModuleDict(mods)
+
+
+def param_layout(modules: nn.ModuleDict) -> dict[str, tuple[str, str, torch.Size]]:
+    """Stacked name -> (module, parameter, per-member shape), in registration (= init) order."""
+    return {
+        f"{m}_{n}": (m, n, p.shape)
+        for m, module in modules.items()
+        for n, p in module.named_parameters()
+    }
+
+
+@dataclass
+class Seq2SeqBatch:
+    """One bundle batch. K members, B examples each; S, T padded lengths; N max tokens."""
+
+    src: torch.Tensor
+    """(K, B, S) int64 source ids, 0-padded (reversed within length if reverse_source)."""
+    src_len: torch.Tensor
+    """(K, B) int64 source lengths."""
+    src_mask: torch.Tensor
+    """(K, B, S) bool, True at real source positions."""
+    tgt_in: torch.Tensor
+    """(K, B, T) int64 decoder inputs ``BOS y_1 .. y_n``, 0-padded; T = longest target + 1."""
+    tgt_out: torch.Tensor
+    """(K, B, T) int64 decoder targets ``y_1 .. y_n EOS``, 0-padded."""
+    tgt_mask: torch.Tensor
+    """(K, B, T) bool, True at real decoder positions (n + 1 per example)."""
+    tok_pos: torch.Tensor
+    """(K, N) int64 token list: flat index into (K, B, T) of member k's j-th target
+    position in (example, time) order; padding points at the member's (0, 0)."""
+    tok_target: torch.Tensor
+    """(K, N) int64 target id of each listed token, ``IGNORE`` at padding."""
+    tok_example: torch.Tensor
+    """(K, N) int64 flat example index ``k * B + b`` of each listed token."""
+    tok_step_weight: torch.Tensor
+    """(K, N) float32 1 / (examples of member k with a token at this token's step); 0 at padding."""
+    n_tokens: torch.Tensor
+    """(K,) float32 real target tokens (incl. EOS) per member."""
+    src_counts: tuple[int, ...]
+    """Real source tokens per member (dropout draw sizes)."""
+    tgt_counts: tuple[int, ...]
+    """Real target tokens (incl. EOS) per member (dropout draw sizes)."""
+    src_tm_pos: torch.Tensor
+    """(sum src_counts,) int64 flat index into time-major (K, S, B) of every real source
+    position, members in order, each in (example, time) order."""
+    tgt_tm_pos: torch.Tensor
+    """(sum tgt_counts,) int64 the same for time-major decoder positions (K, T, B)."""
+    tok_list_pos: torch.Tensor
+    """(sum tgt_counts,) int64 flat index into the token list (K, N) of every real token."""
+    src_rev: torch.Tensor
+    """(K, B, S) int64 time index that reverses each source within its own length
+    (padding stays in place); its own inverse."""
+    decode_steps: np.ndarray
+    """(K, B) int64 greedy decoding steps per example (task meta ``decode_len``)."""
+
+
+def _lengths(seqs: Sequence[np.ndarray]) -> np.ndarray:
+    return np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+
+
+def collate(
+    data: SplitData,
+    rows: Sequence[np.ndarray],
+    device: torch.device | str,
+    reverse_source: bool,
+    decode_len: Callable[[np.ndarray], np.ndarray],
+) -> Seq2SeqBatch:
+    """Build a :class:`Seq2SeqBatch` from member k's example indices ``rows[k]`` (equal lengths)."""
+    if not isinstance(data, SeqPairs):
+        raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
+    index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
+    k, b = index.shape
+    src_seqs = [data.src[i] for i in index.ravel()]
+    tgt_seqs = [data.tgt[i] for i in index.ravel()]
+    ls = _lengths(src_seqs).reshape(k, b)
+    lt = _lengths(tgt_seqs).reshape(k, b)
+    if b == 0 or ls.min() < 1:
+        raise DataError(
+            "seq2seq batch: every example needs a non-empty source and a batch at least one "
+            "example; drop empty sources from the task's data"
+        )
+    s, t = int(ls.max()), int(lt.max()) + 1
+
+    src_mask = np.arange(s) < ls[..., None]  # (K, B, S)
+    src = np.zeros((k, b, s), dtype=np.int64)
+    if reverse_source:
+        src_seqs = [x[::-1] for x in src_seqs]
+    src[src_mask] = np.concatenate(src_seqs)
+
+    tgt_mask = np.arange(t) < (lt + 1)[..., None]  # (K, B, T)
+    tgt_out = np.zeros((k, b, t), dtype=np.int64)
+    tgt_out[np.arange(t) < lt[..., None]] = np.concatenate([*tgt_seqs, np.empty(0, np.int64)])
+    np.put_along_axis(tgt_out, lt[..., None], EOS, axis=2)
+    tgt_in = np.zeros((k, b, t), dtype=np.int64)
+    tgt_in[..., 0] = BOS
+    tgt_in[..., 1:] = tgt_out[..., :-1]
+    tgt_in[~tgt_mask] = 0
+
+    # token list: member kk's j-th real target position (bb, tt), (example, time) order
+    kk, bb, tt = np.nonzero(tgt_mask)
+    counts = (lt + 1).sum(1)  # (K,)
+    n = int(counts.max())
+    j = np.arange(len(kk)) - (np.cumsum(counts) - counts)[kk]
+    members = np.arange(k)[:, None]
+    tok_pos = np.broadcast_to(members * b * t, (k, n)).copy()
+    tok_pos[kk, j] = (kk * b + bb) * t + tt
+    tok_target = np.full((k, n), IGNORE, dtype=np.int64)
+    tok_target[kk, j] = tgt_out[kk, bb, tt]
+    tok_example = np.broadcast_to(members * b, (k, n)).copy()
+    tok_example[kk, j] = kk * b + bb
+    per_step = tgt_mask.sum(1)  # (K, T) examples with a token at step t
+    tok_step_weight = np.zeros((k, n), dtype=np.float32)
+    tok_step_weight[kk, j] = 1.0 / per_step[kk, tt]
+
+    sk, sb, st = np.nonzero(src_mask)
+    steps_t = np.arange(s)
+    src_rev = np.where(src_mask, ls[..., None] - 1 - steps_t, steps_t)
+
+    def as_t(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+    return Seq2SeqBatch(
+        src=as_t(src),
+        src_len=as_t(ls),
+        src_mask=as_t(src_mask),
+        tgt_in=as_t(tgt_in),
+        tgt_out=as_t(tgt_out),
+        tgt_mask=as_t(tgt_mask),
+        tok_pos=as_t(tok_pos),
+        tok_target=as_t(tok_target),
+        tok_example=as_t(tok_example),
+        tok_step_weight=as_t(tok_step_weight),
+        n_tokens=as_t(counts.astype(np.float32)),
+        src_counts=tuple(int(c) for c in ls.sum(1)),
+        tgt_counts=tuple(int(c) for c in counts),
+        src_tm_pos=as_t((sk * s + st) * b + sb),
+        tgt_tm_pos=as_t((kk * t + tt) * b + bb),
+        tok_list_pos=as_t(kk * n + j),
+        src_rev=as_t(src_rev),
+        decode_steps=np.asarray(decode_len(ls.ravel()), dtype=np.int64).reshape(k, b),
+    )
+
+
+def dropout_masks(
+    noise: MemberNoise | None, p: float, counts: Sequence[int], features: int
+) -> torch.Tensor | None:
+    """Inverted-dropout multipliers ``(sum counts, features)``: member k's ``counts[k]`` rows
+    from generator k (see the dropout protocol above); None without noise or when p = 0."""
+    if noise is None or p == 0.0:
+        return None
+    keep = 1.0 - p
+    u = torch.cat(
+        [
+            torch.rand((c, features), generator=g, device=noise.device)
+            for c, g in zip(counts, noise.generators, strict=True)
+        ]
+    )
+    return (u < keep).to(u.dtype).mul_(1.0 / keep)
+
+
+def scatter_rows(rows: torch.Tensor, positions: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A zero tensor of ``shape`` whose flattened leading dims hold ``rows`` at ``positions``."""
+    flat = rows.new_zeros(int(np.prod(shape[:-1])), shape[-1])
+    return flat.index_copy_(0, positions, rows).view(*shape)
