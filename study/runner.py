@@ -44,15 +44,22 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str,
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import logging
+
     import ray
-    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
+        AuthenticationMode,
+        Config,
+        get_authentication_mode,
+    )
     from ray.exceptions import AuthenticationError
 
     from trainables.errors import ConfigError
 
     token = os.environ["RAY_AUTH_MODE"].lower() == "token"
     if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
-        Config.initialize("")  # Ray read the mode before it was set here: re-read it, as ray.init does
+        # Ray read the mode before it was set here: re-read it (as ray.init itself does)
+        Config.initialize("")
 
     if address:
         token_fix = (
@@ -61,7 +68,7 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str,
             "RAY_AUTH_MODE=token (see docs/cluster.md)"
         )
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
         except AuthenticationError as exc:  # token mode, but no token on this machine
             raise ConfigError(
                 "--address",
@@ -83,8 +90,10 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str,
             ) from None
     else:
         ray.init(
-            num_cpus=num_cpus or default_cpus(), include_dashboard=False,
-            logging_level="ERROR", log_to_driver=True,
+            num_cpus=num_cpus or default_cpus(),
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=True,
         )
     try:
         yield ray.cluster_resources()
@@ -180,10 +189,9 @@ def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: st
     )
     with progress:
         results = tuner.fit()
-    failed = sum(1 for r in results if r.error is not None)
-    for r in results:
-        if r.error is not None:
-            console.print(f"[red]unit failed:[/red] {type(r.error).__name__}: {str(r.error)[-2000:]}")
+    failed = results.num_errors
+    for error in results.errors:
+        console.print(f"[red]unit failed:[/red] {type(error).__name__}: {str(error)[-2000:]}")
     if not failed:
         shutil.rmtree(storage, ignore_errors=True)
     return failed

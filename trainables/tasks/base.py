@@ -21,11 +21,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError
 
 Role = Literal["train", "val", "val_ood", "test"]
 ROLES: tuple[Role, ...] = ("train", "val", "val_ood", "test")
@@ -137,6 +139,31 @@ class TaskData:
     def train(self) -> Split:
         (train,) = self.by_role("train")
         return train
+
+
+def check_data_dir(
+    data_dir: str | None, files: Sequence[str], dataset: str, *, required: bool, fallback: str
+) -> None:
+    """Raise ConfigError (naming ``task.data_dir``) if a needed data folder or file is missing.
+
+    ``required``: the study cannot run without the files; ``fallback`` says what happens
+    without ``data_dir`` (e.g. "generate the data").
+    """
+    if data_dir is None:
+        if required:
+            raise ConfigError(
+                "task.data_dir",
+                f"this study needs the published {dataset} files but no data_dir is set",
+                f"set task.data_dir to a folder holding {', '.join(files)}",
+            )
+        return
+    missing = [f for f in files if not (Path(data_dir) / f).is_file()]
+    if missing:
+        raise ConfigError(
+            "task.data_dir",
+            f"{data_dir} lacks {', '.join(missing)}",
+            f"point it at the folder with the published {dataset} files, or unset it to {fallback}",
+        )
 
 
 class Task(ABC):

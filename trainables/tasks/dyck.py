@@ -51,7 +51,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Role, SeqTags, Split, Task, TaskData
+from trainables.tasks.base import Role, SeqTags, Split, Task, TaskData, check_data_dir
 
 OPEN, CLOSE = 0, 1
 """Input ids of ``(`` and ``)``."""
@@ -493,23 +493,10 @@ class Dyck1(Task):
 
     def check(self, data_dir_required: bool = False) -> None:
         """Raise ConfigError if ``data_dir`` is set (or required) but lacks a published file."""
-        data_dir = self.config.data_dir
-        if data_dir is None:
-            if data_dir_required:
-                raise ConfigError(
-                    "task.data_dir",
-                    "this study needs the published Dyck-1 files but no data_dir is set",
-                    f"set task.data_dir to a folder holding {', '.join(PUBLISHED_FILES.values())}",
-                )
-            return
-        missing = [f for f in PUBLISHED_FILES.values() if not (Path(data_dir) / f).is_file()]
-        if missing:
-            raise ConfigError(
-                "task.data_dir",
-                f"{data_dir} lacks {', '.join(missing)}",
-                "point it at the folder with the published Dyck-1 files, or unset it to "
-                "generate the data",
-            )
+        check_data_dir(
+            self.config.data_dir, list(PUBLISHED_FILES.values()), "Dyck-1",
+            required=data_dir_required, fallback="generate the data",
+        )
 
     def split_roles(self) -> dict[str, Role]:
         return dict(SPLIT_ROLES)

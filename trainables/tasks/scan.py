@@ -50,7 +50,7 @@ from pydantic import ValidationInfo, field_validator
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import EOS, SeqPairs, Split, Task, TaskData, Vocab
+from trainables.tasks.base import EOS, SeqPairs, Split, Task, TaskData, Vocab, check_data_dir
 
 PRIMITIVES: dict[str, str] = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS: dict[str, str] = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
@@ -236,23 +236,10 @@ class Scan(Task):
 
     def check(self, data_dir_required: bool = False) -> None:
         """Raise ConfigError if ``data_dir`` is needed but unset, or lacks a published file."""
-        data_dir = self.config.data_dir
-        if data_dir is None:
-            if data_dir_required:
-                raise ConfigError(
-                    "task.data_dir",
-                    "this study requires the published SCAN files but no data_dir is set",
-                    f"set task.data_dir to a folder holding {', '.join(self._files_needed())}",
-                )
-            return
-        missing = [f for f in self._files_needed() if not (Path(data_dir) / f).is_file()]
-        if missing:
-            raise ConfigError(
-                "task.data_dir",
-                f"{data_dir} lacks {', '.join(missing)}",
-                "point it at the folder with the published SCAN files, or unset it to "
-                "generate the data from the grammar",
-            )
+        check_data_dir(
+            self.config.data_dir, self._files_needed(), "SCAN",
+            required=data_dir_required, fallback="generate the data from the grammar",
+        )
 
     def _pairs(self) -> tuple[list[Pair], list[Pair]]:
         """(train, test) pairs, generated or read from ``data_dir``."""

@@ -36,12 +36,10 @@ val are still generated, disjoint from them.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import model_validator
