@@ -11,8 +11,9 @@ from rich.progress import Progress
 class ProgressCallback(Callback):
     """Seeds committed, as a progress bar (the bar is not pickled with the Tuner's state)."""
 
-    def __init__(self, progress: Progress, title: str, total: int, done: int) -> None:
+    def __init__(self, progress: Progress, title: str, total: int, done: int, unit_sizes: list[int]) -> None:
         self.progress: Progress | None = progress
+        self.unit_sizes = unit_sizes
         self.bar = progress.add_task(title, total=total, completed=done, info="")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -25,4 +26,4 @@ class ProgressCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self.progress is not None:
-            self.progress.advance(self.bar, len(trial.config["unit"]["seeds"]))
+            self.progress.advance(self.bar, self.unit_sizes[trial.config["unit_index"]])

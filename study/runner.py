@@ -168,7 +168,10 @@ def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: st
 
     ex = cfg.execution
     storage = (out / name / "ray").resolve()
-    trainable = tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial})
+    trainable = tune.with_resources(
+        tune.with_parameters(FinelineTrainable, payloads=payloads),
+        {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial},
+    )
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
@@ -176,13 +179,14 @@ def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: st
 
     tuner = tune.Tuner(
         trainable,
-        param_space={"unit": tune.grid_search(payloads)},
+        param_space={"unit_index": tune.grid_search(list(range(len(payloads))))},
         tune_config=tune.TuneConfig(reuse_actors=True, num_samples=1),
         run_config=tune.RunConfig(
             name=f"run-{int(time.time())}",
             storage_path=str(storage),
             verbose=0,
-            callbacks=[ProgressCallback(progress, f"study {name}: seeds", planned, already)],
+            callbacks=[ProgressCallback(progress, f"study {name}: seeds", planned, already,
+                                        [len(p["seeds"]) for p in payloads])],
             failure_config=tune.FailureConfig(max_failures=ex.max_failures),
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
         ),

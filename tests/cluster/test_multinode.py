@@ -1,0 +1,532 @@
+"""A real two-node Ray cluster on this machine, and the faults a study must survive.
+
+The module starts a Ray head and a second raylet as separate ``ray start --block``
+processes (1 CPU each, their own ports and temp dir, token authentication for every
+process with a token of their own), then drives ``study run --address`` against them:
+
+* the tiny cluster study runs its two trials on both nodes, every seed lands once;
+* a trial's worker process SIGKILLed mid-trial: the trial resumes from its checkpoint
+  and its results equal those of an uninterrupted run;
+* the driver SIGKILLed mid-study: ``study resume`` finishes it, keeping committed seeds;
+* a worker node removed mid-study: its trial is rescheduled on the remaining node and
+  resumes there from the checkpoint it had written to the (shared) results folder.
+
+After each: every planned (trial, seed) has exactly one row set (one file per table),
+``study sql`` shows exactly those rows, and every Parquet file reads.
+
+Process hygiene: only processes this module started are signalled, by pid and only
+after checking their start time (no ``ray stop``, which would stop every Ray on the
+machine); teardown checks that none of them is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "tiny_cluster.yaml"
+ROW_TABLES = ("runs", "metrics", "evals", "predictions")
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc shows it; (pid, start) identifies it across pid reuse."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    start: int
+    state: str
+    cmd: str
+
+
+def processes() -> dict[int, Proc]:
+    """Every process on the machine (zombies included, marked by state ``Z``)."""
+    found: dict[int, Proc] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (the name may hold spaces)
+        found[int(entry)] = Proc(
+            pid=int(entry),
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            start=int(rest[19]),
+            state=rest[0],
+            cmd=raw.replace(b"\0", b" ").decode(errors="replace").strip(),
+        )
+    return found
+
+
+def family(root: int) -> dict[int, Proc]:
+    """Live processes in ``root``'s process group or descended from it."""
+    procs = processes()
+    live = {p.pid: p for p in procs.values() if p.state != "Z"}
+    found = {pid: p for pid, p in live.items() if p.pgid == root or pid == root}
+    grew = True
+    while grew:
+        grew = False
+        for p in live.values():
+            if p.ppid in found and p.pid not in found:
+                found[p.pid] = p
+                grew = True
+    return found
+
+
+def still_alive(procs: Iterable[Proc]) -> list[Proc]:
+    """Those of ``procs`` that still run (same pid *and* start time, not a zombie)."""
+    now = processes()
+    return [p for p in procs if (q := now.get(p.pid)) and q.start == p.start and q.state != "Z"]
+
+
+def send(procs: Iterable[Proc], sig: signal.Signals) -> None:
+    """Signal exactly these processes, skipping any whose pid now names another process."""
+    for p in still_alive(procs):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, sig)
+
+
+def wait_for(
+    check: Callable[[], bool], what: str, timeout: float, proc: subprocess.Popen | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process ended (rc {proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class RayNode:
+    """One ``ray start --block`` process (a Ray node) and everything it spawned."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log = name, log
+        with log.open("w") as fh:
+            self.proc = subprocess.Popen(
+                args, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.seen: dict[int, Proc] = {}
+        self.node_id = ""
+
+    def procs(self) -> dict[int, Proc]:
+        """This node's live processes (remembered, so a later check finds leftovers)."""
+        now = family(self.proc.pid)
+        self.seen.update(now)
+        return now
+
+    def wait_started(self, timeout: float = 120) -> None:
+        wait_for(
+            lambda: "Ray runtime started" in self.log.read_text(),
+            f"{self.name} to start",
+            timeout,
+            self.proc,
+        )
+        raylets = [
+            p for p in self.procs().values() if "/raylet " in p.cmd and "--node_id=" in p.cmd
+        ]
+        assert len(raylets) == 1, f"{self.name}: expected one raylet, found {len(raylets)}"
+        match = re.search(r"--node_id=([0-9a-f]+)", raylets[0].cmd)
+        assert match, raylets[0].cmd
+        self.node_id = match.group(1)
+
+    def actors(self) -> list[Proc]:
+        """The trial (Tune trainable actor) processes on this node."""
+        return [p for p in self.procs().values() if re.match(r"ray::\w*Trainable\b", p.cmd)]
+
+    def kill(self) -> None:
+        """Remove the node abruptly: SIGKILL every process of it (a preempted machine)."""
+        procs = self.procs()
+        send(procs.values(), signal.SIGKILL)
+        wait_for(lambda: not still_alive(procs.values()), f"{self.name} to die", 30)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM to ``ray start``), then SIGKILL what is left."""
+        self.procs()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while still_alive(self.seen.values()) and time.monotonic() < deadline:
+            self.procs()
+            time.sleep(0.2)
+        send(self.seen.values(), signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Cluster:
+    """A Ray head plus worker nodes, all on this machine, with token authentication."""
+
+    def __init__(self) -> None:
+        # A short folder: Ray's unix socket paths must stay under ~107 characters.
+        self.root = Path(tempfile.mkdtemp(prefix="flc-", dir="/tmp"))
+        self.token = self.root / "auth_token"
+        self.token.write_text(secrets.token_hex(32))
+        self.port = free_port()
+        self.node_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+            "RAY_AUTH_MODE": "token",  # every node agrees (as cluster.yaml does)
+            "RAY_AUTH_TOKEN_PATH": str(self.token),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # the GCS declares a silent node dead after ~3 s instead of ~30 s
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_timeout_ms": "1000",
+            "RAY_health_check_failure_threshold": "3",
+        }
+        head = f"--head --port {self.port} --temp-dir {self.root / 'ray'} --include-dashboard false"
+        self.head = self._node("head", [*head.split(), "--dashboard-port", str(free_port())])
+        self.workers: list[RayNode] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _node(self, name: str, extra: list[str]) -> RayNode:
+        ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
+        # worker ports 0: each worker process takes a free port
+        start = "start --block --num-cpus 1 --node-ip-address 127.0.0.1 --disable-usage-stats"
+        start += " --min-worker-port 0 --max-worker-port 0"
+        args = [sys.executable, "-m", "ray.scripts.scripts", *start.split(), *extra]
+        for flag in ports:  # fixed defaults (e.g. the agent's 52365) would clash between nodes
+            args += [flag, str(free_port())]
+        node = RayNode(name, args, self.node_env, self.root / f"{name}.log")
+        try:
+            node.wait_started()
+        except BaseException:
+            node.stop()  # a node that failed to start must not outlive the test
+            raise
+        return node
+
+    def add_worker(self) -> RayNode:
+        node = self._node(f"worker{len(self.workers) + 1}", ["--address", self.address])
+        self.workers.append(node)
+        return node
+
+    def live_workers(self) -> list[RayNode]:
+        return [w for w in self.workers if w.alive()]
+
+    def ensure_workers(self, n: int) -> list[RayNode]:
+        while len(self.live_workers()) < n:
+            self.add_worker()
+        return self.live_workers()
+
+    def nodes(self) -> list[RayNode]:
+        return [self.head, *self.workers]
+
+    def stop(self) -> list[Proc]:
+        """Stop every node; returns any process of ours that survived (should be none)."""
+        for node in [*self.workers, self.head]:
+            node.stop()
+        return still_alive([p for node in self.nodes() for p in node.seen.values()])
+
+    def driver_env(self) -> dict[str, str]:
+        """A driver's environment: the cluster's token, but NO ``RAY_AUTH_MODE``: fineline's
+        ``ray_session`` must choose token mode itself."""
+        keep = ("HOME", "PYTHONPATH", "VIRTUAL_ENV", "LANG")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        return {
+            **env,
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_TOKEN_PATH": str(self.token),
+        }
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        c.ensure_workers(1)
+        yield c
+    finally:
+        left = c.stop()
+        assert not left, f"test cluster processes survived: {[(p.pid, p.cmd[:80]) for p in left]}"
+        shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cluster") / "results"
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def study_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "study.cli", *args]
+
+
+def study(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        study_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cluster.driver_env(),
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, (
+        f"study {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr[-4000:]}"
+    )
+    return res
+
+
+def start_study(cluster: Cluster, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("w") as fh:
+        return subprocess.Popen(
+            study_cmd(*args),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=cluster.driver_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
+
+def run_args(out: Path, name: str, seeds: int, address: str) -> list[str]:
+    return ["run", str(CONFIG), "--name", name, "--seeds", str(seeds),
+            "--out", str(out), "--address", address]  # fmt: skip
+
+
+def trial_id() -> str:
+    from study.config import load
+
+    (point,) = load(CONFIG).points
+    return point.trial_id
+
+
+def stems(out: Path, table: str, name: str) -> set[str]:
+    folder = out / "tables" / table / f"study={name}"
+    return {p.stem for p in folder.glob("*.parquet")} if folder.is_dir() else set()
+
+
+def checkpoints(out: Path, name: str) -> list[Path]:
+    return list((out / name / "ray").glob("run-*/*/checkpoint_*"))
+
+
+def sql(out: Path, query: str) -> list[dict]:
+    """What ``study sql --format json`` prints for ``query`` (the same function, in-process)."""
+    from analysis.db import run_sql
+
+    rows: list[dict] = json.loads(run_sql(out, query, "json"))
+    return rows
+
+
+def assert_complete(out: Path, name: str, n_seeds: int) -> list[dict]:
+    """Every planned (trial, seed) has exactly one row set, ``study sql`` shows exactly
+    those rows, and every Parquet file under ``out`` reads. Returns the runs rows."""
+    for path in (out / "tables").rglob("*.parquet"):
+        pq.read_table(path)  # raises on a corrupt or truncated file
+    tid = trial_id()
+    planned = {f"{tid}-{s}" for s in range(n_seeds)}
+    for table in ROW_TABLES:
+        assert stems(out, table, name) == planned, (
+            f"{table}: files {sorted(stems(out, table, name))}"
+        )
+    raw = {
+        table: sum(
+            pq.read_metadata(p).num_rows
+            for p in (out / "tables" / table / f"study={name}").glob("*.parquet")
+        )
+        for table in ROW_TABLES
+    }
+    counts = ", ".join(
+        f"(SELECT count(*) FROM {t} x WHERE x.study = r.study AND x.trial_id = r.trial_id AND x.seed = r.seed) AS n_{t}"
+        for t in ("metrics", "evals", "predictions")
+    )
+    runs = sql(
+        out,
+        f"SELECT r.trial_id, r.seed, r.unit_id, r.node, r.status, {counts} "
+        f"FROM runs r WHERE r.study = '{name}' ORDER BY r.seed",
+    )
+    assert [(r["trial_id"], r["seed"]) for r in runs] == [(tid, s) for s in range(n_seeds)]
+    assert all(r["status"] == "ok" and r["n_evals"] > 0 and r["n_predictions"] > 0 for r in runs)
+    assert len({(r["n_metrics"], r["n_evals"], r["n_predictions"]) for r in runs}) == 1, (
+        "seeds differ in row counts"
+    )
+    for t in ("metrics", "evals", "predictions"):  # the views show every stored row, no more
+        assert sum(r[f"n_{t}"] for r in runs) == raw[t], t
+    # a unit killed mid-commit may leave its trials row; every committed seed's unit has one
+    units = sql(out, f"SELECT unit_id, seeds FROM trials WHERE study = '{name}'")
+    assert {r["unit_id"] for r in runs} <= {u["unit_id"] for u in units}
+    assert sorted({s for u in units for s in u["seeds"]}) == list(range(n_seeds))
+    return runs
+
+
+def evals(out: Path, name: str, seeds: Iterable[int]) -> dict[tuple, float]:
+    picked = ", ".join(str(s) for s in seeds)
+    rows = sql(
+        out,
+        f"SELECT trial_id, seed, split, metric, value FROM evals "
+        f"WHERE study = '{name}' AND seed IN ({picked})",
+    )
+    return {(r["trial_id"], r["seed"], r["split"], r["metric"]): r["value"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: Cluster, out: Path) -> tuple[str, list[dict]]:
+    """The tiny study, uninterrupted, on both nodes: (driver output, runs rows)."""
+    cluster.ensure_workers(1)
+    res = study(cluster, *run_args(out, "multinode", 4, cluster.address))
+    return res.stdout + res.stderr, assert_complete(out, "multinode", 4)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_study_runs_on_both_nodes(
+    cluster: Cluster, reference: tuple[str, list[dict]], out: Path
+) -> None:
+    output, runs = reference
+    assert "4/4 runs committed" in output
+    nodes = {node.node_id for node in cluster.nodes() if node.alive()}
+    assert len(nodes) == 2
+    assert {r["node"] for r in runs} == nodes, "both trials should have run, one per node"
+    trials = sql(out, "SELECT node, seeds FROM trials WHERE study = 'multinode'")
+    assert {t["node"] for t in trials} == nodes
+    assert not (out / "multinode" / "ray").exists(), (
+        "Tune's scratch storage is removed after a clean run"
+    )
+
+
+def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
+    cluster: Cluster, reference: tuple[str, list[dict]], out: Path
+) -> None:
+    name = "killworker"  # two seeds = one trial (one bundle), so exactly one actor runs
+    driver = start_study(
+        cluster, out.parent / f"{name}.log", *run_args(out, name, 2, cluster.address)
+    )
+    try:
+        wait_for(lambda: bool(checkpoints(out, name)), "the trial's first checkpoint", 180, driver)
+        time.sleep(0.3)  # let the driver register the checkpoint it was just told about
+        actors = [a for node in cluster.nodes() for a in node.actors()]
+        assert len(actors) == 1, f"expected one trial process, found {len(actors)}"
+        assert not stems(out, "runs", name), "the trial finished before it could be killed"
+        send(actors, signal.SIGKILL)
+        assert driver.wait(timeout=300) == 0
+    finally:
+        if driver.poll() is None:
+            send(family(driver.pid).values(), signal.SIGKILL)
+    log = (out.parent / f"{name}.log").read_text()
+    resumed = re.findall(r"resumed from its checkpoint at epoch (\d+)", log)
+    assert resumed and int(resumed[0]) >= 1, (
+        f"no resume from a checkpoint in the driver log:\n{log[-3000:]}"
+    )
+    assert_complete(out, name, 2)
+    # the interrupted-and-resumed run computed exactly what the uninterrupted one did
+    # (same bundle of seeds, one thread, CPU: bit-identical)
+    got, want = evals(out, name, [0, 1]), evals(out, "multinode", [0, 1])
+    assert len(got) > 0 and got == want
+
+
+def test_driver_killed_mid_study_then_resume_finishes(cluster: Cluster, out: Path) -> None:
+    name = "killdriver"  # six seeds = three trials on two one-CPU nodes: a third waits
+    cluster.ensure_workers(1)
+    driver = start_study(
+        cluster, out.parent / f"{name}.log", *run_args(out, name, 6, cluster.address)
+    )
+    try:
+        wait_for(lambda: len(stems(out, "runs", name)) >= 2, "a first trial to commit", 180, driver)
+    finally:
+        send(family(driver.pid).values(), signal.SIGKILL)
+        driver.wait(timeout=30)
+    before = {
+        s: pq.read_table(out / "tables" / "runs" / f"study={name}" / f"{s}.parquet").to_pylist()[0]
+        for s in stems(out, "runs", name)
+    }
+    assert 2 <= len(before) < 6, "the driver should die mid-study"
+    res = study(cluster, "resume", name, "--out", str(out), "--address", cluster.address)
+    assert "6/6 runs committed" in res.stdout
+    runs = assert_complete(out, name, 6)
+    after = {f"{r['trial_id']}-{r['seed']}": r for r in runs}
+    for stem, row in before.items():  # committed seeds were kept, not re-run
+        assert after[stem]["node"] == row["node"]
+        written = pq.read_table(
+            out / "tables" / "runs" / f"study={name}" / f"{stem}.parquet"
+        ).to_pylist()[0]
+        assert written["committed_at"] == row["committed_at"]
+
+
+def test_worker_node_removed_mid_study_reschedules_on_remaining_node(
+    cluster: Cluster, out: Path
+) -> None:
+    name = "killnode"
+    (worker,) = cluster.ensure_workers(1)
+    driver = start_study(
+        cluster, out.parent / f"{name}.log", *run_args(out, name, 4, cluster.address)
+    )
+
+    def worker_trial_checkpointed() -> bool:
+        """The trial on the worker node has saved a checkpoint to the shared folder (a
+        trial process works in a folder named like its trial's folder in storage)."""
+        for actor in worker.actors():
+            with contextlib.suppress(OSError):
+                trial = Path(os.readlink(f"/proc/{actor.pid}/cwd")).name
+                return any(p.parent.name == trial for p in checkpoints(out, name))
+        return False
+
+    try:
+        wait_for(worker_trial_checkpointed, "a checkpoint of the worker node's trial", 180, driver)
+        time.sleep(0.3)  # let the driver register the checkpoint
+        worker.kill()
+        assert driver.wait(timeout=300) == 0
+    finally:
+        if driver.poll() is None:
+            send(family(driver.pid).values(), signal.SIGKILL)
+    log = (out.parent / f"{name}.log").read_text()
+    # the lost trial resumed on the head from the checkpoint its node wrote to shared storage
+    assert re.search(r"resumed from its checkpoint at epoch [1-9]", log), log[-3000:]
+    runs = assert_complete(out, name, 4)
+    assert {r["node"] for r in runs} == {cluster.head.node_id}, (
+        "every trial should have finished on the head"
+    )
+    assert not worker.alive()
+
+
+def test_tiny_cluster_config_is_a_valid_study() -> None:
+    raw = yaml.safe_load(CONFIG.read_text())
+    assert raw["execution"]["bundle_size"] == 2 and raw["seeds"]["count"] == 4
+    assert raw["train"]["selection"]["early_stop"] is False  # every trial runs all its epochs
+    assert len(trial_id()) > 8
