@@ -62,6 +62,12 @@ def run(
         from study.tuning import best_config
 
         cfg, study_name, extra = best_config(out, from_best, seeds, name)
+        src = extra["tuned_from"]
+        typer.echo(
+            f"seed study {study_name} of candidate {src['trial_id']} of tuning study {from_best} "
+            f"(objective {src['objective']:.4g}, params {src['params']})",
+            err=True,
+        )
     else:
         if config is None:
             _fail("CONFIG: missing. Fix: `study run configs/quickstart.yaml` or `study run --from-best TUNE_STUDY`")
@@ -104,19 +110,34 @@ def resume(
 @app.command()
 def tune(
     config: Annotated[Path, typer.Argument(help="Study YAML with a `tune:` block.")],
-    trials: Annotated[int | None, typer.Option("--trials", min=1, help="Number of candidates.")] = None,
+    trials: Annotated[
+        int | None,
+        typer.Option("--trials", min=1, help="Candidates to finish (overrides tune.trials)."),
+    ] = None,
     name: NameOpt = None,
     out: OutOpt = Path("results"),
     address: AddressOpt = None,
     num_cpus: CpusOpt = None,
 ) -> None:
-    """Search hyperparameters with Optuna against a val / val_ood split (never a test split)."""
+    """Search hyperparameters with Optuna against a val / val_ood split (never a test split).
+
+    Re-running with the same --name resumes (finished candidates are kept). See docs/tuning.md.
+    """
+    from analysis.db import run_sql
     from study.config import load
-    from study.tuning import run_tuning
+    from study.tuning import ranking_sql, run_tuning, storage_url, tune_block
 
     cfg = load(config)
     study_name = _study_name(name, cfg.name)
-    run_tuning(cfg, study_name, out, trials, address, num_cpus)
+    counts = run_tuning(cfg, study_name, out, trials, address, num_cpus)
+    block = tune_block(cfg)
+    query = ranking_sql(study_name, str(block.direction), list(block.space or {}))
+    typer.echo(
+        f"tuning study {study_name}: {counts['finished']}/{counts['requested']} candidates finished "
+        f"({counts['ran']} run now). Optuna storage: {storage_url(out, study_name)}\n"
+        f"Top candidates (study sql --out {out} \"{query}\"):\n{run_sql(out, query)}\n"
+        f"Seed study of the best: study run --from-best {study_name} --out {out}"
+    )
 
 
 @app.command("ls")
@@ -172,7 +193,10 @@ def _format(items: list[Any], fmt: str) -> str:
     import dataclasses
     import json
 
-    rows = [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in items]
+    rows = [
+        dataclasses.asdict(r) if dataclasses.is_dataclass(r) and not isinstance(r, type) else dict(r)
+        for r in items
+    ]
 
     if fmt == "json":
         return json.dumps(rows, indent=2, default=str)

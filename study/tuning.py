@@ -1,52 +1,94 @@
 """``study tune``: Optuna search on Ray Tune against val / val_ood splits, resumable.
 
-Every candidate trains on the SAME seed indices (a paired comparison) as one bundle; its
-objective is the mean (or median, or IQM) over those seeds of one metric on one split
-whose role is ``val`` or ``val_ood`` - naming a ``test`` split is a config error before
-anything runs, so test data can never reach the sampler. Test splits are still
-evaluated and stored like in any study.
+A study file with a ``tune:`` block (:class:`TuneBlock`) names a search space over
+numeric config fields, the objective (a split whose role is ``val`` or ``val_ood``, a
+metric, how seeds combine) and the sampler. Every candidate trains the SAME seed indices
+0..K-1 (a paired comparison) as one bundle; its objective is the mean (or median, or
+IQM) over them, and its spread (std, min, max) is recorded. Naming a ``test`` split (or
+selecting epochs on one) is a :class:`~trainables.errors.ConfigError` before anything
+runs, so test data never reaches the sampler; test splits are still evaluated and
+stored like in any study.
 
-The Optuna study lives in ``OUT/NAME/optuna.db`` (SQLite through RDBStorage), readable by
-the stock ``optuna`` CLI and optuna-dashboard. Re-running ``study tune`` with the same
-name resumes: finished candidates are kept, an interrupted candidate whose rows were
-already committed is told to Optuna from Parquet, other interrupted ones are marked
-failed, and only the missing number of candidates runs.
+Execution: Ray Tune with Ray's ``OptunaSearch`` (subclassed as :class:`FinelineSearch`)
+behind a ``ConcurrencyLimiter`` (one candidate per CPU, or one at a time with
+``sequential: true``), actors reused. The Optuna study lives in ``OUT/NAME/optuna.db``
+(SQLite through ``RDBStorage``), readable by the stock ``optuna`` CLI and
+optuna-dashboard. ``study tune`` on the same name resumes: finished candidates are kept;
+a candidate left RUNNING by a killed driver is told to Optuna from Parquet when all its
+seeds were committed, otherwise marked FAIL and re-queued with the same params (it
+re-runs first and replaces its partial rows); only the missing number of candidates runs.
 
-Reproducibility: with ``sequential: true`` candidates run one at a time and a seeded TPE
-is bit-reproducible. Concurrent TPE (the default, so both CPUs work) is not: which
-results the sampler has seen when it proposes depends on timing.
+Reproducibility: each proposal's sampler is seeded from ``(sampler_seed, its position)``.
+With ``sequential: true`` (and deterministic training: CPU, fixed threads) the whole
+search is bit-reproducible, also across an interruption and resume. Concurrent TPE (the
+default, so every CPU works) is not: what the sampler has seen when it proposes depends
+on timing.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import shutil
+import time
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field
 
 from study import manifest as manifest_mod
-from study.config import StudyConfig, parse
+from study.config import Point, StudyConfig, check_name, parse
 from study.plan import seedsets
 from study.runner import StudyFailed, check_before_ray, console, ray_session, resolve_device
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError, StudyStateError
 from trainables.loop import get_task
+from trainables.results import write_rows
 from trainables.spec import RunSpec, validate
-from trainables.tuning_unit import aggregate, apply_params, param_column
+from trainables.tuning_unit import (
+    OBJECTIVE_KEYS,
+    apply_params,
+    objective_stats,
+    param_column,
+    unit_from_template,
+)
+
+DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
+    "symbol_rewriting": {
+        "train.lr": {"low": 0.01, "high": 1.0, "log": True},
+        "model.dropout": {"low": 0.0, "high": 0.5},
+    },
+}
+"""Task name -> the search space used when a ``tune:`` block gives no ``space``."""
+
+TUNABLE_ROLES = ("val", "val_ood")
+"""Split roles tuning may look at (objective, epoch selection, pruning)."""
+
+SEARCH_IDENTITY = (
+    "space",
+    "objective",
+    "direction",
+    "seeds_per_candidate",
+    "sampler",
+    "sampler_seed",
+    "startup_trials",
+)
+"""TuneBlock fields a resumed search must keep (``trials``, ``sequential``, pruning may change)."""
 
 
 class ParamSpace(FrozenConfig):
     """One searched numeric field."""
 
     low: float
-    """Lower bound."""
+    """Lower bound (inclusive)."""
     high: float
-    """Upper bound."""
+    """Upper bound (inclusive)."""
     log: bool = False
-    """Sample on a log scale (log-uniform)."""
+    """Sample on a log scale (log-uniform); needs ``low > 0``."""
     type: Literal["float", "int"] = "float"
-    """Float or integer field."""
+    """``float`` or ``int`` (integer bounds, integer values)."""
 
 
 class Objective(FrozenConfig):
@@ -55,76 +97,224 @@ class Objective(FrozenConfig):
     split: str = "val_ood"
     """Split whose metric is the objective; its role must be ``val`` or ``val_ood``."""
     metric: str = "accuracy"
-    """Metric on that split."""
+    """Metric on that split (``loss`` or any metric the task scores)."""
     aggregate: Literal["mean", "median", "iqm"] = "mean"
-    """How the per-seed values combine (IQM = interquartile mean)."""
+    """How the per-seed values combine (IQM: mean of the middle 50%)."""
 
 
 class TuneBlock(FrozenConfig):
     """The ``tune:`` block of a study file."""
 
-    space: dict[str, ParamSpace]
-    """Dotted field path -> range, e.g. ``train.lr: {low: 0.01, high: 1.0, log: true}``."""
+    space: dict[str, ParamSpace] | None = None
+    """Dotted field path -> range, e.g. ``train.lr: {low: 0.01, high: 1.0, log: true}``;
+    omitted: the task's default (symbol rewriting: lr log-uniform in [0.01, 1],
+    dropout uniform in [0, 0.5])."""
     objective: Objective = Objective()
-    """The objective split and metric."""
-    direction: Literal["maximize", "minimize"] = "maximize"
-    """Whether a larger objective is better."""
+    """The objective split, metric and aggregate."""
+    direction: Literal["maximize", "minimize"] | None = None
+    """Whether a larger objective is better; omitted: ``minimize`` for ``loss``, else ``maximize``."""
     seeds_per_candidate: int = Field(3, ge=1)
-    """Seeds each candidate trains (the same indices for every candidate)."""
+    """K: seed indices 0..K-1 (from the ``seeds:`` block's root and vary) every candidate trains."""
     trials: int = Field(20, ge=1)
-    """Candidates to finish (``--trials`` overrides)."""
+    """Candidates to finish (``--trials`` overrides); a resumed search runs only the missing ones."""
     sampler: Literal["tpe", "random"] = "tpe"
     """Optuna sampler."""
-    sampler_seed: int = 0
-    """Seed of the sampler."""
+    sampler_seed: int = Field(0, ge=0)
+    """Seed of the sampler (each proposal is seeded from it and its position)."""
+    startup_trials: int = Field(10, ge=0)
+    """TPE: random candidates before TPE starts modelling."""
     sequential: bool = False
-    """Run one candidate at a time (bit-reproducible TPE) instead of using every CPU."""
+    """One candidate at a time: bit-reproducible, but uses one CPU. Default: one per CPU."""
+    enqueue: tuple[dict[str, float], ...] = ()
+    """Candidates evaluated first, before the sampler proposes (e.g. the published config)."""
     pruner: Literal["none", "asha"] = "none"
-    """Early stopping of poor candidates on the per-epoch objective (ASHA); off by default."""
-    grace_epochs: int = Field(2, ge=1)
-    """ASHA: epochs every candidate gets before it can be stopped."""
+    """Early stopping of poor candidates (ASHA on the per-epoch objective); off by default."""
+    grace_period: int = Field(2, ge=1)
+    """ASHA: epochs (optimizer steps for step-based training) before a candidate can be stopped."""
+    reduction_factor: int = Field(3, ge=2)
+    """ASHA: keep about 1/reduction_factor of the candidates at each rung."""
 
 
 def tune_block(cfg: StudyConfig) -> TuneBlock:
-    if not cfg.tune:
-        raise ConfigError("tune", "the study file has no `tune:` block", "add one (see configs/weber2018_tune.yaml)")
-    if len(cfg.points) != 1:
-        raise ConfigError("grid", "a tuning study cannot also have a grid", "remove `grid:` or tune each point separately")
-    block: TuneBlock = validate(TuneBlock, dict(cfg.tune), "tune")
-    base = cfg.points[0].spec.to_dict()
-    for path, rng in block.space.items():
-        if path.split(".")[0] not in ("task", "model", "train"):
-            raise ConfigError(f"tune.space.{path}", "not a task/model/train field", "use a path like train.lr")
-        if rng.low >= rng.high or (rng.log and rng.low <= 0):
-            raise ConfigError(f"tune.space.{path}", f"invalid range [{rng.low}, {rng.high}]",
-                              "need low < high, and low > 0 for log")
-        for value in (rng.low, rng.high):
-            try:
-                RunSpec.from_dict(apply_params(base, {path: int(value) if rng.type == "int" else value}))
-            except ConfigError as exc:
-                raise ConfigError(f"tune.space.{path}", exc.problem, exc.fix) from None
-    roles = get_task(cfg.points[0].spec).split_roles()
-    obj = block.objective
-    allowed = sorted(n for n, r in roles.items() if r in ("val", "val_ood"))
-    if obj.split not in roles:
-        raise ConfigError("tune.objective.split", f"no split {obj.split!r}", f"use one of: {', '.join(allowed)}")
-    if roles[obj.split] not in ("val", "val_ood"):
+    """The validated ``tune:`` block, space and direction resolved; raises ConfigError."""
+    if not isinstance(cfg.tune, dict):
         raise ConfigError(
-            "tune.objective.split",
-            f"split {obj.split!r} has role {roles[obj.split]!r}: tuning may only look at val or val_ood splits "
-            "(a test split would leak into model selection)",
-            f"use one of: {', '.join(allowed)}",
+            "tune",
+            "the study file has no `tune:` mapping",
+            "add one, e.g. `tune: {trials: 20}` (see configs/weber2018_tune.yaml)",
         )
-    return block
+    if len(cfg.points) != 1:
+        raise ConfigError(
+            "grid",
+            "a tuning study cannot also have a grid",
+            "remove `grid:` or tune each point separately",
+        )
+    block: TuneBlock = validate(TuneBlock, dict(cfg.tune), "tune")
+    point = cfg.points[0]
+    if block.space is None:
+        if point.spec.task_name not in DEFAULT_SPACES:
+            raise ConfigError(
+                "tune.space",
+                f"task {point.spec.task_name!r} has no default search space",
+                "name one, e.g. `space: {train.lr: {low: 0.001, high: 0.1, log: true}}`",
+            )
+        default = {k: ParamSpace(**r) for k, r in DEFAULT_SPACES[point.spec.task_name].items()}
+        block = block.model_copy(update={"space": default})
+    assert block.space is not None
+    if not block.space:
+        raise ConfigError("tune.space", "is empty", "name at least one field to search")
+    base = point.spec.to_dict()
+    for path, rng in block.space.items():
+        _check_param(base, path, rng)
+    for i, cand in enumerate(block.enqueue):
+        for path, value in cand.items():
+            bounds = block.space.get(path)
+            if bounds is None or not bounds.low <= value <= bounds.high:
+                raise ConfigError(
+                    f"tune.enqueue[{i}].{path}",
+                    "not a searched field or outside its range",
+                    f"use fields of tune.space within their bounds: {', '.join(block.space)}",
+                )
+    _check_leakage(cfg, block)
+    seeds = seedsets(_candidate_point(point, block))
+    if len({s.data_seed for s in seeds}) > 1:
+        raise ConfigError(
+            "seeds.vary",
+            "every candidate trains its K seeds as one bundle on one dataset",
+            "remove `data` from seeds.vary for a tuning study",
+        )
+    direction = block.direction or ("minimize" if block.objective.metric == "loss" else "maximize")
+    return block.model_copy(update={"direction": direction})
+
+
+def _check_param(base: dict[str, Any], path: str, rng: ParamSpace) -> None:
+    field = f"tune.space.{path}"
+    parts = path.split(".")
+    if parts[0] not in ("task", "model", "train") or len(parts) < 2:
+        raise ConfigError(
+            field,
+            "not a task/model/train field",
+            "use a dotted path like train.lr or model.dropout",
+        )
+    cur: Any = base
+    for p in parts:
+        if not isinstance(cur, dict) or p not in cur:
+            raise ConfigError(
+                field,
+                "no such config field",
+                "check the spelling against the task/model/train config",
+            )
+        cur = cur[p]
+    if isinstance(cur, bool) or not (cur is None or isinstance(cur, int | float)):
+        raise ConfigError(
+            field,
+            f"is not numeric (it is {cur!r})",
+            "search only numeric fields; use a grid for choices",
+        )
+    if rng.low >= rng.high or (rng.log and rng.low <= 0):
+        raise ConfigError(
+            field,
+            f"invalid range [{rng.low}, {rng.high}]",
+            "need low < high, and low > 0 with log: true",
+        )
+    if rng.type == "int" and not (float(rng.low).is_integer() and float(rng.high).is_integer()):
+        raise ConfigError(
+            field, "an int range needs integer bounds", "use whole numbers for low and high"
+        )
+    for value in (rng.low, rng.high):
+        try:
+            RunSpec.from_dict(
+                apply_params(base, {path: int(value) if rng.type == "int" else value})
+            )
+        except ConfigError as exc:
+            raise ConfigError(field, f"bound {value}: {exc.problem}", exc.fix) from None
+
+
+def _check_leakage(cfg: StudyConfig, block: TuneBlock) -> None:
+    """Objective and epoch selection may only look at val / val_ood splits."""
+    spec = cfg.points[0].spec
+    roles = get_task(spec).split_roles()
+    allowed = ", ".join(sorted(n for n, r in roles.items() if r in TUNABLE_ROLES))
+    looks = [("tune.objective.split", block.objective.split)]
+    if spec.train.selection.mode != "last":
+        looks.append(("train.selection.split", spec.train.selection.split))
+    for field, split in looks:
+        if split not in roles:
+            raise ConfigError(field, f"no split {split!r}", f"use one of: {allowed}")
+        if roles[split] not in TUNABLE_ROLES:
+            raise ConfigError(
+                field,
+                f"split {split!r} has role {roles[split]!r}: tuning may only look at val or val_ood "
+                "splits (a test split would leak into model selection)",
+                f"use one of: {allowed}",
+            )
+
+
+def _candidate_point(point: Point, block: TuneBlock) -> Point:
+    return Point(
+        point.spec, point.seeds.model_copy(update={"count": block.seeds_per_candidate}), {}
+    )
 
 
 def storage_url(out: Path, name: str) -> str:
+    """The Optuna storage URL of tuning study ``name`` (``optuna trials --storage URL``)."""
     return f"sqlite:///{(Path(out) / name / 'optuna.db').resolve()}"
+
+
+def ranking_sql(name: str, direction: str, space_keys: list[str], limit: int = 5) -> str:
+    """SQL ranking the fully committed candidates of ``name`` (best first), for `study sql`."""
+    order = "DESC" if direction == "maximize" else "ASC"
+    params = "".join(f"{param_column(k)}, " for k in space_keys)
+    return (
+        f"SELECT trial_id, {params}objective, objective_std, objective_n, status FROM trials t "
+        f"WHERE study = '{check_name(name)}' AND isfinite(objective) AND bundle_size = "
+        "(SELECT count(*) FROM runs r WHERE r.study = t.study AND r.trial_id = t.trial_id) "
+        f"ORDER BY objective {order}, objective_std, trial_id LIMIT {int(limit)}"
+    )
+
+
+def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path) -> dict[str, Any]:
+    """Everything candidates share; a worker adds the sampled params (``unit_from_template``)."""
+    point = cfg.points[0]
+    spec = point.spec.to_dict()
+    spec["train"]["curve_splits"] = list(
+        dict.fromkeys([*spec["train"]["curve_splits"], block.objective.split])
+    )
+    assert block.space is not None
+    return {
+        "study": name,
+        "out": str(Path(out).resolve()),
+        "base_spec": spec,
+        "seed_extra": point.seed_extra,
+        "seeds": [s.as_dict() for s in seedsets(_candidate_point(point, block))],
+        "device": resolve_device(cfg),
+        "threads": cfg.execution.threads,
+        "config_hash": cfg.identity_hash,
+        "git_sha": manifest_mod.git_sha(),
+        "versions_json": json.dumps(manifest_mod.versions()),
+        "space_keys": list(block.space),
+        "objective": {**block.objective.model_dump(), "direction": block.direction},
+    }
+
+
+def make_sampler(block: TuneBlock, position: int) -> Any:
+    """The sampler for the candidate at ``position``, seeded from (sampler_seed, position)."""
+    import optuna
+
+    seed = int(
+        np.random.SeedSequence(block.sampler_seed, spawn_key=(position,)).generate_state(1)[0]
+    )
+    if block.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=block.startup_trials, constant_liar=not block.sequential
+    )
 
 
 def _distributions(block: TuneBlock) -> dict[str, Any]:
     import optuna
 
+    assert block.space is not None
     dists: dict[str, Any] = {}
     for path, r in block.space.items():
         if r.type == "int":
@@ -134,142 +324,417 @@ def _distributions(block: TuneBlock) -> dict[str, Any]:
     return dists
 
 
-def _reconcile(study: Any, out: Path, name: str, block: TuneBlock, template: dict[str, Any]) -> None:
-    """Settle candidates left RUNNING by an interrupted driver."""
+def _position(study: Any) -> int:
+    """Candidates before the next one, not counting failed ones (they are replayed)."""
+    import optuna
+
+    states = (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING)
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state not in states)
+
+
+def _told_value(objective: float, direction: str) -> float:
+    """The value Optuna is told: the objective, or the worst value when no seed gave one."""
+    if math.isfinite(objective):
+        return objective
+    return -math.inf if direction == "maximize" else math.inf
+
+
+def _trial_dirname(trial: Any) -> str:
+    """Ray's folder for a candidate (its default spells out the whole config)."""
+    return f"candidate_{trial.trial_id}"
+
+
+def _say(message: str) -> None:
+    """Print to the driver's console (a module function, so Ray pickles it by reference)."""
+    console.print(message, soft_wrap=True)
+
+
+@functools.cache
+def ray_classes() -> tuple[type, type]:
+    """``(FinelineSearch, CandidateLog)``, defined on first use.
+
+    This module must not import Ray: ``study.runner.ray_session`` sets Ray's environment
+    (auth mode) before Ray's first import in the process.
+    """
+    from ray.tune import Callback
+    from ray.tune.search.optuna import OptunaSearch
+
+    class FinelineSearch(OptunaSearch):
+        """Ray's OptunaSearch with fineline's bookkeeping.
+
+        * each proposal's sampler is seeded from (sampler_seed, position) (reproducible resume);
+        * a candidate is COMPLETE only with its final objective over all seeds (its spread as
+          user attributes), PRUNED when ASHA stopped it (a ``pruned`` trials row is written),
+          FAIL when it errored; the fineline ``trial_id`` is a user attribute.
+        """
+
+        def __init__(self, block: TuneBlock, template: dict[str, Any], storage: Any) -> None:
+            self._block, self._template = block, template
+            mode = "max" if block.direction == "maximize" else "min"
+            super().__init__(
+                space=_distributions(block),
+                metric="objective",
+                mode=mode,
+                sampler=make_sampler(block, 0),
+                study_name=template["study"],
+                storage=storage,
+            )
+
+        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+            study: Any = self._ot_study
+            if trial_id not in self._ot_trials:
+                study.sampler = make_sampler(self._block, _position(study))
+            config = super().suggest(trial_id)
+            ot_trial = self._ot_trials[trial_id]
+            unit = unit_from_template(self._template, dict(ot_trial.params))
+            ot_trial.set_user_attr("trial_id", unit["trial_id"])
+            ot_trial.set_user_attr("seeds", [s["index"] for s in self._template["seeds"]])
+            return config
+
+        def on_trial_complete(
+            self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+        ) -> None:
+            import optuna
+
+            if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+                return
+            study: Any = self._ot_study
+            ot_trial = self._ot_trials[trial_id]
+            self._completed_trials.add(trial_id)
+            if error or not result:  # errored, or removed before it ran
+                study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            elif "objective_n" in result:  # the final result: every seed evaluated and committed
+                for key in OBJECTIVE_KEYS:
+                    ot_trial.set_user_attr(key, float(result[key]))
+                value = _told_value(float(result["objective"]), str(self._block.direction))
+                study.tell(ot_trial, value)
+            else:  # stopped by the scheduler (ASHA) before its last epoch
+                study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
+                _write_pruned(self._template, dict(ot_trial.params), result)
+
+    class CandidateLog(Callback):
+        """Prints one line per finished or failed candidate (holds no unpicklable state)."""
+
+        def __init__(self, total: int, done: int, space_keys: list[str]) -> None:
+            self.total, self.done, self.keys = total, done, space_keys
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.done += 1
+            r = trial.last_result or {}
+            params = " ".join(f"{k}={trial.config.get(k, math.nan):.4g}" for k in self.keys)
+            if "objective_n" in r:
+                what = f"objective {r['objective']:.4g} (std {r['objective_std']:.3g}, {int(r['objective_n'])} seeds)"
+            else:
+                what = f"pruned at epoch {r.get('epoch')} (objective {r.get('objective', math.nan):.4g})"
+            _say(f"candidate {self.done}/{self.total}: {params} -> {what}")
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            _say(f"[red]candidate {trial} failed after its retries[/red] (error below)")
+
+    return FinelineSearch, CandidateLog
+
+
+def _write_pruned(template: dict[str, Any], params: dict[str, Any], result: dict[str, Any]) -> None:
+    """A ``trials`` row (status ``pruned``, no objective) for a candidate ASHA stopped."""
+    import datetime as dt
+    import socket
+
+    u = unit_from_template(template, params)
+    spec = u["spec"]
+    row = {
+        "study": u["study"],
+        "trial_id": u["trial_id"],
+        "unit_id": u["unit_id"],
+        "seeds": [s["index"] for s in u["seeds"]],
+        "task": spec["task"]["name"],
+        "model": spec["model"]["name"],
+        "config_hash": u["config_hash"],
+        "config_json": u["config_json"],
+        "point_json": u["point_json"],
+        "status": "pruned",
+        "started_at": None,
+        "ended_at": dt.datetime.now(dt.UTC),
+        "node": "",
+        "hostname": socket.gethostname(),
+        "git_sha": u["git_sha"],
+        "versions_json": u["versions_json"],
+        "bundle_size": len(u["seeds"]),
+        "device": u["device"],
+        **u["flat"],
+        "objective": None,
+        "pruned_objective": float(result.get("objective", math.nan)),
+        "pruned_epoch": int(result.get("epoch", 0)),
+        "pruned_step": int(result.get("opt_step", 0)),
+    }
+    write_rows(Path(u["out"]), u["study"], "trials", u["unit_id"], [row])
+
+
+def reconcile(
+    study: Any, storage: Any, out: Path, block: TuneBlock, template: dict[str, Any]
+) -> list[int]:
+    """Settle candidates a killed driver left RUNNING; returns the numbers re-queued.
+
+    All K seeds committed -> told to Optuna with the objective recomputed from Parquet;
+    otherwise FAIL, and the same params are enqueued to run first (their partial rows are
+    replaced, since a candidate's files are named by trial_id and seed).
+    """
     import optuna
 
     from analysis.db import connect
-    from trainables.tuning_unit import unit_from_template
 
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if not running:
+        return []
+    name, seeds = template["study"], [s["index"] for s in template["seeds"]]
+    study_id = storage.get_study_id_from_name(name)
+    obj = block.objective
+    requeued = []
+    con = connect(out, studies=[name])
+    try:
+        for t in running:
+            if set(t.params) != set(template["space_keys"]):  # killed inside ask(): nothing ran
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                continue
+            trial_id = unit_from_template(template, dict(t.params))["trial_id"]
+            rows = dict(
+                con.execute(
+                    "SELECT e.seed, e.value FROM evals e WHERE e.study = ? AND e.trial_id = ? "
+                    "AND e.split = ? AND e.metric = ?",
+                    [name, trial_id, obj.split, obj.metric],
+                ).fetchall()
+            )
+            if all(s in rows for s in seeds):
+                stats = objective_stats([rows[s] for s in seeds], obj.aggregate)
+                tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+                for key, value in stats.items():
+                    storage.set_trial_user_attr(tid, key, value)
+                study.tell(t.number, _told_value(stats["objective"], str(block.direction)))
+            else:
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                study.enqueue_trial(dict(t.params), user_attrs={"replay_of": t.number})
+                requeued.append(t.number)
+    finally:
+        con.close()
+    return requeued
+
+
+def finished_count(study: Any) -> int:
+    """Finished candidates: COMPLETE plus PRUNED."""
+    import optuna
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _check_resume(out: Path, name: str, block: TuneBlock) -> None:
+    old = manifest_mod.read(out, name)
+    if old is None:
         return
-    con = connect(out)
-    for t in running:
-        unit = unit_from_template(template, dict(t.params))
-        rows = con.execute(
-            "SELECT value FROM evals WHERE study = ? AND trial_id = ? AND split = ? AND metric = ?",
-            [name, unit["trial_id"], block.objective.split, block.objective.metric],
-        ).fetchall()
-        if len(rows) >= block.seeds_per_candidate:
-            study.tell(t.number, aggregate([r[0] for r in rows], block.objective.aggregate))
-        else:
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-    con.close()
+    if old.get("kind") != "tune":
+        raise StudyStateError(
+            f"study {name!r} in {out} exists and is not a tuning study. Fix: use another --name"
+        )
+    new, before = block.model_dump(mode="json"), old.get("tune") or {}
+    changed = [k for k in SEARCH_IDENTITY if k in before and before[k] != new[k]]
+    if changed:
+        raise StudyStateError(
+            f"tuning study {name!r} in {out} was created with a different tune.{changed[0]}. "
+            "Fix: restore it to resume, or give a new --name to start a separate search"
+        )
 
 
 def run_tuning(
-    cfg: StudyConfig, name: str, out: Path, trials: int | None,
-    address: str | None = None, num_cpus: int | None = None,
+    cfg: StudyConfig,
+    name: str,
+    out: Path,
+    trials: int | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
 ) -> dict[str, int]:
-    """Run or resume a tuning study until ``trials`` candidates have finished."""
-    import optuna
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
+    """Run or resume tuning study ``name`` until ``trials`` candidates have finished.
 
-    from trainables.trainable import FinelineTrainable
+    Returns ``{"requested", "finished", "ran"}``. Raises ConfigError before anything is
+    written for a bad config (e.g. a test split as objective), StudyFailed when candidates
+    failed or the run was interrupted (re-running resumes).
+    """
+    import optuna
 
     out = Path(out)
     block = tune_block(cfg)
     n_trials = trials or block.trials
     analysis = check_before_ray(cfg)
-    old = manifest_mod.read(out, name)
-    if old is not None and old.get("kind") != "tune":
-        raise StudyStateError(f"study {name!r} exists and is not a tuning study. Fix: use another --name")
-    objective = {**block.objective.model_dump(), "direction": block.direction}
-    manifest_mod.prepare(out, name, cfg, "tune", analysis, {"tune_trials": n_trials, "objective": objective})
-    point = cfg.points[0]
-    spec = point.spec.to_dict()
-    curve = list(dict.fromkeys([*spec["train"].get("curve_splits", []), block.objective.split]))
-    spec["train"]["curve_splits"] = curve
-    device = resolve_device(cfg)
-    seeds = seedsets(point.__class__(point.spec, point.seeds.model_copy(update={"count": block.seeds_per_candidate}), {}))
-    template = {
-        "study": name, "out": str(out.resolve()), "base_spec": spec, "seed_extra": point.seed_extra,
-        "seeds": [s.as_dict() for s in seeds], "device": device, "threads": cfg.execution.threads,
-        "config_hash": cfg.identity_hash, "git_sha": manifest_mod.git_sha(),
-        "versions_json": "{}", "space_keys": list(block.space), "objective": objective,
+    _check_resume(out, name, block)
+    url = storage_url(out, name)
+    extra = {
+        "tune_trials": n_trials,
+        "tune": block.model_dump(mode="json"),
+        "optuna_storage": url,
+        "objective": {**block.objective.model_dump(), "direction": block.direction},
     }
-    storage = optuna.storages.RDBStorage(storage_url(out, name))
-    sampler = (optuna.samplers.TPESampler(seed=block.sampler_seed) if block.sampler == "tpe"
-               else optuna.samplers.RandomSampler(seed=block.sampler_seed))
-    direction = block.direction
-    ot_study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
-    _reconcile(ot_study, out, name, block, template)
-    finished = len(ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    remaining = n_trials - finished
-    if remaining <= 0:
-        console.print(f"[green]tuning study {name}: {finished}/{n_trials} candidates already finished[/green]")
-        return {"finished": finished, "ran": 0}
-    mode = "max" if direction == "maximize" else "min"
-    ex = cfg.execution
+    manifest_mod.prepare(out, name, cfg, "tune", analysis, extra)
+    template = candidate_template(cfg, block, name, out)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction=block.direction, load_if_exists=True
+    )
+    if not study.get_trials(deepcopy=False):
+        for cand in block.enqueue:
+            study.enqueue_trial(dict(cand))
+    requeued = reconcile(study, storage, out, block, template)
+    if requeued:
+        console.print(f"re-running interrupted candidate(s) {requeued} of tuning study {name}")
+    finished = finished_count(study)
+    if finished >= n_trials:
+        console.print(f"[green]tuning study {name}: {finished}/{n_trials} already finished[/green]")
+        return {"requested": n_trials, "finished": finished, "ran": 0}
+    if not block.sequential:
+        console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
+    storage_path = (out / name / "ray").resolve()
     with ray_session(address, num_cpus) as resources:
-        workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
-        searcher = OptunaSearch(
-            space=_distributions(block), metric="objective", mode=mode, sampler=sampler,
-            study_name=name, storage=storage,
+        errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
+    for err in errors:
+        console.print(f"[red]candidate failed:[/red] {type(err).__name__}: {str(err)[-2000:]}")
+    done = finished_count(optuna.load_study(study_name=name, storage=storage))
+    if errors or done < n_trials:
+        why = f"{len(errors)} failed; fix the cause shown above" if errors else "interrupted"
+        raise StudyFailed(
+            f"tuning study {name}: {done}/{n_trials} candidates finished ({why}). "
+            "Fix: re-run `study tune` with the same --name to resume"
         )
-        search_alg = ConcurrencyLimiter(searcher, max_concurrent=1 if block.sequential else workers)
-        scheduler = (ASHAScheduler(time_attr="epoch", grace_period=block.grace_epochs, max_t=10_000)
-                     if block.pruner == "asha" else None)
-        tuner = tune.Tuner(
-            tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial}),
-            param_space={"template": template},
-            tune_config=tune.TuneConfig(
-                search_alg=search_alg, scheduler=scheduler, num_samples=remaining,
-                metric="objective", mode=mode, reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=f"tune-{finished}", storage_path=str((out / name / "ray").resolve()), verbose=1,
-                failure_config=tune.FailureConfig(max_failures=ex.max_failures),
-            ),
-        )
-        results = tuner.fit()
-    failed = sum(1 for r in results if r.error is not None)
-    if failed:
-        raise StudyFailed(f"tuning study {name}: {failed} candidate(s) failed; re-run `study tune` to resume")
-    done = len(optuna.load_study(study_name=name, storage=storage).get_trials(
-        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    console.print(f"[green]tuning study {name}: {done}/{n_trials} candidates finished; "
-                  f"storage {storage_url(out, name)}[/green]")
-    return {"finished": done, "ran": remaining}
+    shutil.rmtree(storage_path, ignore_errors=True)
+    return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
 
 
-def best_config(out: Path, tune_name: str, seeds: int | None, name: str | None) -> tuple[StudyConfig, str, dict[str, Any]]:
-    """The seed-study config of the best candidate of ``tune_name`` (as `study sql` ranks it)."""
+def _launch(
+    cfg: StudyConfig,
+    block: TuneBlock,
+    template: dict[str, Any],
+    storage: Any,
+    storage_path: Path,
+    resources: dict[str, float],
+    finished: int,
+    n_trials: int,
+) -> list[Exception]:
+    """Run ``n_trials - finished`` candidates on the connected Ray; returns their errors."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import ConcurrencyLimiter
+
+    from trainables.trainable import FinelineTrainable
+
+    ex, spec = cfg.execution, cfg.points[0].spec
+    workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
+    search_cls, log_cls = ray_classes()
+    search = ConcurrencyLimiter(
+        search_cls(block, template, storage), max_concurrent=1 if block.sequential else workers
+    )
+    scheduler = None
+    if block.pruner == "asha":
+        step_based = spec.train.max_steps is not None or get_task(spec).fresh_samples
+        scheduler = ASHAScheduler(
+            time_attr="opt_step" if step_based else "epoch",
+            grace_period=block.grace_period,
+            reduction_factor=block.reduction_factor,
+            max_t=(spec.train.max_steps or 10**9) if step_based else spec.train.max_epochs,
+        )
+    tuner = tune.Tuner(
+        tune.with_resources(
+            FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial}
+        ),
+        param_space={"template": template},
+        tune_config=tune.TuneConfig(
+            search_alg=search,
+            scheduler=scheduler,
+            num_samples=n_trials - finished,
+            metric="objective",
+            mode="max" if block.direction == "maximize" else "min",
+            reuse_actors=True,
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=f"tune-{int(time.time())}",
+            storage_path=str(storage_path),
+            verbose=0,
+            callbacks=[log_cls(n_trials, finished, list(template["space_keys"]))],
+            failure_config=tune.FailureConfig(max_failures=ex.max_failures),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+        ),
+    )
+    return list(tuner.fit().errors)
+
+
+def best_config(
+    out: Path, tune_name: str, seeds: int | None, name: str | None
+) -> tuple[StudyConfig, str, dict[str, Any]]:
+    """The seed-study config of the best candidate of ``tune_name``.
+
+    "Best" is the first row of :func:`ranking_sql` (what ``study sql`` ranks first). The
+    seed study trains the candidate's resolved config, so its ``trial_id`` equals the
+    candidate's; returns (config with ``seeds`` seeds, default 50; study name, default
+    ``<tune_name>-best``; the manifest extra ``tuned_from``).
+    """
     from analysis.db import connect
 
     m = manifest_mod.read(out, tune_name)
     if m is None or m.get("kind") != "tune":
-        raise StudyStateError(f"--from-best: no tuning study {tune_name!r} in {out}. Fix: check `study ls --out {out}`")
-    direction = m.get("objective", {}).get("direction", "maximize")
-    order = "DESC" if direction == "maximize" else "ASC"
-    con = connect(out)
-    row = con.execute(
-        f"SELECT trial_id, point_json, objective FROM trials WHERE study = ? AND objective IS NOT NULL "
-        f"AND NOT isnan(objective) ORDER BY objective {order}, trial_id LIMIT 1", [tune_name]
-    ).fetchone()
-    con.close()
-    if row is None:
-        raise StudyStateError(f"--from-best: tuning study {tune_name!r} has no finished candidate yet. Fix: run `study tune` first")
-    import json
-
-    params = json.loads(row[1])
-    raw = {k: v for k, v in m["config"].items() if k not in ("tune", "name")}
-    for path, value in params.items():
-        from study.config import set_dotted
-
-        set_dotted(raw, path, value)
+        raise StudyStateError(
+            f"--from-best: no tuning study {tune_name!r} in {out}. Fix: check `study ls --out {out}`"
+        )
+    tune = m.get("tune") or {}
+    direction, keys = tune.get("direction", "maximize"), list(tune.get("space") or {})
+    query = ranking_sql(tune_name, direction, keys, limit=1)
+    con = connect(out, studies=[tune_name])
+    try:
+        best = con.execute(query).df()
+        found = (
+            None
+            if best.empty
+            else con.execute(
+                "SELECT config_json, point_json FROM trials WHERE study = ? AND trial_id = ? LIMIT 1",
+                [tune_name, best["trial_id"][0]],
+            ).fetchone()
+        )
+    finally:
+        con.close()
+    if found is None:
+        raise StudyStateError(
+            f"--from-best: tuning study {tune_name!r} has no finished candidate yet. Fix: run `study tune` first"
+        )
+    resolved = json.loads(found[0])
+    raw = {k: v for k, v in m["config"].items() if k not in ("tune", "name", "grid")}
+    raw.update({k: resolved[k] for k in ("task", "model", "train")})
     cfg = parse(raw, seeds or 50)
-    study_name = name or f"{tune_name}-best"
-    from study.config import check_name
-
-    check_name(study_name)
-    extra = {"tuned_from": {"study": tune_name, "trial_id": row[0], "params": params, "objective": row[2]}}
+    study_name = check_name(name or f"{tune_name}-best")
+    row = best.iloc[0]
+    extra = {
+        "tuned_from": {
+            "study": tune_name,
+            "trial_id": str(row["trial_id"]),
+            "params": json.loads(found[1]),
+            "objective": float(row["objective"]),
+            "objective_std": float(row["objective_std"]),
+            "objective_spec": m.get("objective"),
+            "seeds_seen": int(tune.get("seeds_per_candidate", 0)),
+            "optuna_storage": m.get("optuna_storage"),
+            "ranking_sql": query,
+        }
+    }
     return cfg, study_name, extra
 
 
-__all__ = ["TuneBlock", "best_config", "param_column", "run_tuning", "tune_block"]
-_ = math
+__all__ = [
+    "DEFAULT_SPACES",
+    "Objective",
+    "ParamSpace",
+    "TuneBlock",
+    "best_config",
+    "candidate_template",
+    "finished_count",
+    "make_sampler",
+    "ranking_sql",
+    "ray_classes",
+    "run_tuning",
+    "storage_url",
+    "tune_block",
+]

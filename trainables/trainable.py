@@ -16,23 +16,23 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from ray import tune
 
+from trainables.errors import ConfigError, DataError
 from trainables.loop import BundleRun, get_task, render_example
 from trainables.results import commit_seed, write_rows
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task, TaskData
-from trainables.tuning_unit import aggregate, unit_from_template
+from trainables.tuning_unit import aggregate, objective_stats, unit_from_template
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,7 +47,10 @@ class FinelineTrainable(tune.Trainable):
 
     round_budget_s = 2.0
 
-    def setup(self, config: dict[str, Any]) -> None:
+    def setup(self, config: dict[str, Any], payloads: list[dict[str, Any]] | None = None) -> None:
+        # A study's unit payloads travel once through the object store (tune.with_parameters);
+        # each trial's config only carries its index, so planning stays linear in the trials.
+        self._payloads = payloads or []
         logging.getLogger("ray.tune").setLevel(logging.WARNING)
         logging.getLogger("ray.train").setLevel(logging.WARNING)
         self._data_cache: dict[tuple[str, int], tuple[Task, TaskData]] = {}
@@ -57,6 +60,8 @@ class FinelineTrainable(tune.Trainable):
         if "template" in config:  # a tuning candidate: params sampled by Optuna
             params = {k: config[k] for k in config["template"]["space_keys"]}
             self.unit = unit_from_template(config["template"], params)
+        elif "unit_index" in config:
+            self.unit = self._payloads[config["unit_index"]]
         else:
             self.unit = config["unit"]
         self.objective = self.unit.get("objective")
@@ -79,6 +84,20 @@ class FinelineTrainable(tune.Trainable):
         return self._data_cache[key]
 
     def step(self) -> dict[str, Any]:
+        out, study = Path(self.unit["out"]), self.unit["study"]
+        seen, writable = (out / study).is_dir(), os.access(out, os.W_OK)
+        if not (seen and writable):
+            # The driver created OUT/<study> before launching: a node that cannot see it has
+            # no (or another) shared filesystem, and its rows would never reach the study.
+            problem = (
+                f"results folder {out} is not writable"
+                if seen
+                else f"study folder {out / study} (the driver creates it before launching) is missing"
+            )
+            raise DataError(
+                f"{problem} on node {socket.gethostname()}. Fix: mount the same shared filesystem "
+                "at the same path on every node, writable by the user running Ray (docs/cluster.md)"
+            )
         t0 = time.perf_counter()
         info: dict[str, Any] = {}
         while not self.run.done and (time.perf_counter() - t0) < self.round_budget_s:
@@ -94,25 +113,33 @@ class FinelineTrainable(tune.Trainable):
         return result
 
     def _epoch_objective(self) -> float:
-        """Mean over running members of the objective at the last evaluation (for pruning)."""
+        """The candidate's objective at the last evaluation, over its running members.
+
+        Reported every step (Optuna stores it as an intermediate value; ASHA prunes on it).
+        """
         obj = self.objective or {}
-        values = self.run.last_eval.get(obj.get("split", ""), [])
-        return aggregate([v.get(obj.get("metric", ""), float("nan")) for v in values], "mean")
+        split, metric = obj.get("split", ""), obj.get("metric", "")
+        values = self.run.last_eval.get(split, [])
+        if values and metric not in values[0]:
+            raise ConfigError(
+                "tune.objective.metric",
+                f"split {split!r} has no metric {metric!r}",
+                f"use one of: {', '.join(sorted(values[0]))}",
+            )
+        return aggregate([v[metric] for v in values], obj.get("aggregate", "mean"))
 
     def _final_objective(self, member_rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Objective and spread over every seed, at each seed's selected epoch."""
         obj = self.objective or {}
         values = []
         for rows in member_rows:
-            hit = [r["value"] for r in rows["evals"] if r["split"] == obj["split"] and r["metric"] == obj["metric"]]
+            hit = [
+                r["value"]
+                for r in rows["evals"]
+                if r["split"] == obj["split"] and r["metric"] == obj["metric"]
+            ]
             values.append(hit[0] if hit else float("nan"))
-        finite = [v for v in values if math.isfinite(v)]
-        return {
-            "objective": aggregate(values, obj.get("aggregate", "mean")),
-            "objective_std": float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
-            "objective_min": min(finite) if finite else float("nan"),
-            "objective_max": max(finite) if finite else float("nan"),
-            "objective_n": float(len(finite)),
-        }
+        return objective_stats(values, obj.get("aggregate", "mean"))
 
     def _commit(self) -> dict[str, float]:
         if self.committed:
@@ -152,16 +179,21 @@ class FinelineTrainable(tune.Trainable):
         self.committed = True
         return self._final
 
-    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        # Returning None (not a dict) makes Tune hand load_checkpoint the directory back.
         torch.save(self.run.state_dict(), os.path.join(checkpoint_dir, "bundle.pt"))
-        return {}
 
     def load_checkpoint(self, checkpoint: dict[str, Any] | str | None) -> None:
-        path = checkpoint if isinstance(checkpoint, str) else None
-        if path is None:
+        if not isinstance(checkpoint, str):  # no checkpoint directory: nothing was saved
             return
-        state = torch.load(os.path.join(path, "bundle.pt"), weights_only=False)
+        state = torch.load(os.path.join(checkpoint, "bundle.pt"), weights_only=False)
         self.run.load_state_dict(state)
+        print(
+            f"fineline: unit {self.unit['unit_id']} resumed from its checkpoint at epoch "
+            f"{self.run.epoch}, step {self.run.step}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start(new_config)
@@ -169,9 +201,8 @@ class FinelineTrainable(tune.Trainable):
 
 
 def ray_node_id() -> str:
-    try:
-        import ray
+    import ray
 
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # outside Ray (tests driving the trainable directly)
+    if not ray.is_initialized():  # outside Ray (tests driving the trainable directly)
         return socket.gethostname()
+    return str(ray.get_runtime_context().get_node_id())

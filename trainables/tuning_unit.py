@@ -1,7 +1,9 @@
 """Turning a tuning candidate (sampled params) into a unit, and scoring its objective.
 
 Lives on the trainables side because the Ray worker builds the unit from the params
-Optuna sampled; ``study.tuning`` builds the template.
+Optuna sampled; ``study.tuning`` builds the *template* (everything a candidate shares:
+base spec, seed bundle, objective, output folder) and the driver uses the same
+functions to name a candidate (its ``trial_id``) and to re-score it from Parquet.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ import numpy as np
 
 from trainables.results import flatten
 from trainables.spec import RunSpec
+
+AGGREGATES = ("mean", "median", "iqm")
+"""How the per-seed objective values of one candidate combine."""
+
+OBJECTIVE_KEYS = ("objective", "objective_std", "objective_min", "objective_max", "objective_n")
+"""What :func:`objective_stats` returns: trials-table columns and Optuna user attributes."""
 
 
 def param_column(path: str) -> str:
@@ -36,7 +44,11 @@ def apply_params(spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]
 
 
 def unit_from_template(template: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The unit payload of one candidate: template + params, with its own trial_id."""
+    """The unit payload of one candidate: template + params, with its own trial_id.
+
+    The ``trial_id`` hashes the resolved config exactly like a seed study's point, so a
+    ``study run --from-best`` of this candidate gets the same ``trial_id``.
+    """
     spec_dict = apply_params(template["base_spec"], params)
     spec = RunSpec.from_dict(spec_dict)
     resolved = spec.to_dict()
@@ -46,7 +58,7 @@ def unit_from_template(template: dict[str, Any], params: dict[str, Any]) -> dict
     flat = flatten("", resolved, {})
     flat.pop("task_name", None)
     flat.pop("model_name", None)
-    flat.update({param_column(k): float(v) for k, v in params.items()})
+    flat.update({param_column(k): v for k, v in params.items()})
     return {
         **{k: v for k, v in template.items() if k not in ("base_spec", "seed_extra")},
         "spec": resolved,
@@ -60,8 +72,11 @@ def unit_from_template(template: dict[str, Any], params: dict[str, Any]) -> dict
 
 
 def aggregate(values: Sequence[float], how: str) -> float:
-    """Mean, median or interquartile mean (IQM: mean of the middle 50%) of ``values``."""
-    v = np.sort(np.asarray([x for x in values if np.isfinite(x)], dtype=float))
+    """Mean, median or interquartile mean (IQM: mean of the middle 50%) of ``values``.
+
+    Non-finite values (diverged seeds) are left out; no finite value gives NaN.
+    """
+    v = np.sort(np.asarray([x for x in values if np.isfinite(x)], dtype=float))  # (n,)
     if len(v) == 0:
         return float("nan")
     if how == "median":
@@ -71,3 +86,21 @@ def aggregate(values: Sequence[float], how: str) -> float:
         lo, hi = int(np.floor(n * 0.25)), int(np.ceil(n * 0.75))
         return float(v[lo:hi].mean()) if hi > lo else float(v.mean())
     return float(v.mean())
+
+
+def objective_stats(values: Sequence[float], how: str) -> dict[str, float]:
+    """A candidate's objective and its spread over its seeds.
+
+    ``values``: one objective value per seed (NaN for a seed without one). Returns
+    ``objective`` (the ``how`` aggregate), ``objective_std`` (sample std, 0 for one
+    seed), ``objective_min``, ``objective_max`` and ``objective_n`` (finite values used).
+    These become columns of the ``trials`` table and user attributes in Optuna.
+    """
+    finite = [float(v) for v in values if np.isfinite(v)]
+    return {
+        "objective": aggregate(finite, how),
+        "objective_std": float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+        "objective_min": min(finite) if finite else float("nan"),
+        "objective_max": max(finite) if finite else float("nan"),
+        "objective_n": float(len(finite)),
+    }
