@@ -9,7 +9,7 @@ selecting epochs on one) is a :class:`~trainables.errors.ConfigError` before any
 runs, so test data never reaches the sampler; test splits are still evaluated and
 stored like in any study.
 
-Execution: Ray Tune with Ray's ``OptunaSearch`` (subclassed as :class:`FinelineSearch`)
+Execution: Ray Tune with Ray's ``OptunaSearch`` (subclassed in :func:`ray_classes`)
 behind a ``ConcurrencyLimiter`` (one candidate per CPU, or one at a time with
 ``sequential: true``), actors reused. The Optuna study lives in ``OUT/NAME/optuna.db``
 (SQLite through ``RDBStorage``), readable by the stock ``optuna`` CLI and
