@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from study import manifest as manifest_mod
 from study.config import StudyConfig
 from study.plan import default_cpus, plan_units, unit_payload
-from trainables.errors import FinelineError
+from trainables.errors import ConfigError, FinelineError
 from trainables.loop import get_task
 
 console = Console(stderr=True)
@@ -114,18 +114,14 @@ def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
     Returns the task facts the manifest records: ``analysis`` (what the task wants
     analysed and drawn) and ``splits`` (name and role of each split, in order).
     """
-    analysis: dict[str, Any] = {}
-    for point in cfg.points:
-        task = get_task(point.spec)
+    tasks = [get_task(point.spec) for point in cfg.points]
+    for task in tasks:
         task.check()
-        analysis = task.analysis()
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
-        from trainables.errors import ConfigError
-
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
-    roles = get_task(cfg.points[0].spec).split_roles()
-    return {"analysis": analysis, "splits": [{"name": n, "role": r} for n, r in roles.items()]}
+    roles = tasks[0].split_roles()
+    return {"analysis": tasks[-1].analysis(), "splits": [{"name": n, "role": r} for n, r in roles.items()]}
 
 
 def run_study(

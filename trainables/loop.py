@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
@@ -132,8 +133,6 @@ class BundleRun:
         wanted = [*self.train_cfg.curve_splits] + ([sel.split] if sel.mode != "last" else [])
         for name in wanted:
             if name not in names:
-                from trainables.errors import ConfigError
-
                 raise ConfigError(
                     "train.selection.split" if name == sel.split else "train.curve_splits",
                     f"task {self.task.name!r} has no split {name!r}",
