@@ -42,6 +42,23 @@ MAX_POINT_FITS = 4
 POOLED = "all runs"
 
 
+SUMMARY_COLUMNS = (
+    "point",
+    "split",
+    "role",
+    "metric",
+    "n",
+    "mean",
+    "std",
+    "min",
+    "median",
+    "max",
+    "t_low",
+    "t_high",
+)
+"""Columns of the per-split summary table."""
+
+
 def fit_groups(pairs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """The groups to fit separately: each grid point when there are 2..MAX_POINT_FITS
     points with at least 3 runs each, else every run pooled (one group)."""
@@ -87,22 +104,7 @@ def summary_table(ctx: StudyContext, level: float = 0.95) -> pd.DataFrame:
     """Per (point, split, metric): n, mean, std, min, median, max and the t interval."""
     e = ctx.evals
     if e.empty:
-        return pd.DataFrame(
-            columns=[
-                "point",
-                "split",
-                "role",
-                "metric",
-                "n",
-                "mean",
-                "std",
-                "min",
-                "median",
-                "max",
-                "t_low",
-                "t_high",
-            ]
-        )
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     rows = []
     split_rank = {s: i for i, s in enumerate(ctx.splits)}
     for (point, split, metric), sub in e.groupby(["point", "split", "metric"], sort=False):
@@ -126,20 +128,7 @@ def summary_table(ctx: StudyContext, level: float = 0.95) -> pd.DataFrame:
         )
     df = pd.DataFrame(
         rows,
-        columns=[
-            "point",
-            "split",
-            "role",
-            "metric",
-            "n",
-            "mean",
-            "std",
-            "min",
-            "median",
-            "max",
-            "t_low",
-            "t_high",
-        ],
+        columns=list(SUMMARY_COLUMNS),
     )
     df["_r"] = df["split"].map(split_rank)
     return df.sort_values(["point", "_r", "metric"], kind="stable").drop(columns="_r")
