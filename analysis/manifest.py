@@ -11,7 +11,8 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
   "transform"?}, "over": "runs" | "checkpoints"}]``;
 * ``histograms``: ``[{"split", "metric"}]``;
 * ``charts``: ``[{"type": "histogram" | "scatter" | "regression", ...}]`` - the same
-  declarations in the list form of ``Task.analysis()``; ``curve`` charts are always drawn;
+  declarations in the list form of ``Task.analysis()``; ``curve`` charts name extra curve metrics
+  (the primary metric and the loss are always drawn);
 * ``test_splits``: the splits whose seed-by-seed correlations to report (default: every
   split with role ``test``);
 * ``primary_metric``: the metric of the distribution chart and summaries (default
@@ -89,6 +90,7 @@ class Declarations:
     test_splits: tuple[str, ...] = ()
     primary_metric: str | None = None
     decision_boundary: BoundaryDecl | None = None
+    curve_metrics: tuple[str, ...] = ()
     unknown: tuple[str, ...] = ()
 
 
@@ -300,6 +302,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     histograms: list[Axis] = []
     test_splits: tuple[str, ...] = ()
     boundary: BoundaryDecl | None = None
+    curve_metrics: list[str] = []
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -322,7 +325,10 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
                     )
                 elif kind == "decision_boundary" and boundary is None:
                     boundary = _boundary(chart, f"charts[{i}]", unknown)
-                elif kind != "curve":
+                elif kind == "curve":
+                    if "metric" in chart:
+                        curve_metrics.append(str(chart["metric"]))
+                else:
                     unknown.append(f"charts[{i}] ({kind})")
         elif key == "test_splits" and isinstance(value, list | tuple):
             test_splits = tuple(str(v) for v in value)
@@ -340,5 +346,6 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         test_splits=test_splits,
         primary_metric=None if primary is None else str(primary),
         decision_boundary=boundary,
+        curve_metrics=tuple(dict.fromkeys(curve_metrics)),
         unknown=tuple(unknown),
     )

@@ -176,7 +176,9 @@ def build_charts(
             Panel("scatter", charts.seed_scatter(store, pairs, x, y, fits, corrs, multi=ctx.multi))
         )
     curve_metrics = q.metrics_of(ctx.con, ctx.name, "metrics")
-    for metric in [m for m in (ctx.primary, "loss") if m in curve_metrics]:
+    declared = ctx.manifest.declarations.curve_metrics if ctx.manifest else ()
+    wanted = dict.fromkeys([ctx.primary, *declared, "loss"])
+    for metric in [m for m in wanted if m in curve_metrics]:
         out.append(_curves(ctx, store, metric))
     boundary = _boundary(ctx, store)
     if boundary is not None:

@@ -17,6 +17,11 @@ and the per-split summary.
     python benchmarks/seed_study.py                 # 16 seeds x 1 epoch of 100k
     python benchmarks/seed_study.py --tiny          # seconds: a smoke run
     python benchmarks/seed_study.py --full          # the whole paper-scale study
+    python benchmarks/seed_study.py --full --direct cuda   # one bundle of 50 seeds on a GPU
+
+``--direct DEVICE`` trains all seeds as ONE bundle in this process on DEVICE (``cpu`` or
+``cuda``) with the fast kernels, without Ray (a GPU machine needs only torch, numpy and
+pydantic for it), and prints the wall time and the per-split summary.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from study.config import parse
-from study.runner import run_study
 
 PAPER_TASK: dict[str, Any] = {"name": "symbol_rewriting", "train_size": 100_000}
 TINY_TASK: dict[str, Any] = {
@@ -55,9 +61,53 @@ def study_config(task: dict[str, Any], seeds: int, fast: bool, compile_: bool, e
 
 
 def timed_study(raw: dict[str, Any], name: str, out: Path, cpus: int) -> float:
+    from study.runner import run_study  # imports Ray: not needed by --direct
+
     t0 = time.perf_counter()
     run_study(parse(raw), name, out, num_cpus=cpus)
     return time.perf_counter() - t0
+
+
+def direct_bundle(raw: dict[str, Any], device: str) -> tuple[float, str]:
+    """Train every seed of ``raw`` as one bundle in this process on ``device`` (no Ray).
+
+    Returns the wall time (data generation excluded, every evaluation included) and a
+    per-split summary of test accuracy at each member's selected epoch.
+    """
+    import torch
+
+    from study.plan import seedsets
+    from trainables.loop import BundleRun, get_task
+
+    cfg = parse(raw)
+    point = cfg.points[0]
+    seeds = seedsets(point)
+    torch.set_flush_denormal(True)
+    task = get_task(point.spec)
+    data = task.build(seeds[0].data_seed)
+    t0 = time.perf_counter()
+    run = BundleRun(point.spec, seeds, task, data, device)
+    while not run.done:
+        info = run.train_round()
+        print(f"  epoch {info['epoch']}: {info['active']} of {len(seeds)} members training, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    rows = run.finalize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    acc: dict[str, list[float]] = {}
+    for member in rows:
+        for r in member["evals"]:
+            if r["metric"] == "accuracy":
+                acc.setdefault(r["split"], []).append(r["value"])
+    lines = [f"{'split':<10} {'seeds':>5} {'mean':>7} {'std':>7} {'min':>7} {'max':>7}"]
+    for split, v in sorted(acc.items()):
+        a = np.asarray(v)
+        lines.append(f"{split:<10} {len(a):>5} {a.mean():7.4f} {a.std(ddof=1) if len(a) > 1 else 0.0:7.4f} "
+                     f"{a.min():7.4f} {a.max():7.4f}")
+    epochs = [m["run"][0]["selected_epoch"] for m in rows]
+    lines.append(f"selected epochs: mean {np.mean(epochs):.1f}, max {max(epochs)}; epochs trained {run.epoch}")
+    return wall, "\n".join(lines)
 
 
 def summary(out: Path, name: str) -> str:
@@ -83,10 +133,24 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="paper scale with early stopping, fastest setting only")
     ap.add_argument("--compile", action="store_true", help="torch.compile the fast path in (b)")
     ap.add_argument("--out", type=Path, default=None, help="keep results here (default: a temp dir)")
+    ap.add_argument("--direct", choices=["cpu", "cuda"], default=None,
+                    help="one bundle of all seeds in this process on this device, no Ray")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs (default 1; 30 with --full)")
     args = ap.parse_args()
     task = TINY_TASK if args.tiny else PAPER_TASK
     out = args.out or Path(tempfile.mkdtemp(prefix="fineline-bench-"))
     n_train = task["train_size"]
+    if args.direct:
+        seeds = args.seeds or (50 if args.full else 16)
+        epochs = args.epochs or (30 if args.full else 1)
+        raw = study_config(task, seeds, True, False, epochs, args.full)
+        raw["execution"]["device"] = args.direct
+        wall, table = direct_bundle(raw, args.direct)
+        print(table)
+        what = "paper stopping rule" if args.full else f"{epochs} epoch(s), no early stopping"
+        print(f"direct: one bundle of {seeds} seeds on {args.direct}, {n_train} training samples, {what}: "
+              f"wall {wall:.1f} s ({wall / 60:.1f} min)")
+        return
     try:
         if args.full:
             seeds = args.seeds or 50

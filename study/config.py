@@ -60,7 +60,9 @@ class ExecutionConfig(FrozenConfig):
     """How trials execute. Never part of the trial_id."""
 
     bundle_size: int | Literal["auto"] = 1
-    """Seeds trained together as one vectorised computation (``auto``: from seeds, CPUs, device)."""
+    """Seeds trained together as one vectorised computation. An integer K: bundles of K (the
+    last one what is left). ``auto``: on a GPU up to 64 per bundle; on CPUs one bundle per
+    CPU, at most the model's ``cpu_bundle_cap`` seeds each, split evenly (``study/plan.py``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where bundles run; ``auto`` is CUDA when a GPU is present, else CPU."""
     cpus_per_trial: float = Field(1.0, gt=0)

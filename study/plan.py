@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from study.config import Point, StudyConfig
+from trainables.registry import MODELS
 from trainables.results import committed, flatten
 from trainables.seeding import SeedSet, derive_seedset
 
@@ -40,15 +41,37 @@ def seedsets(point: Point) -> list[SeedSet]:
     return [derive_seedset(s.root, i, s.vary, pinned) for i in range(s.count)]
 
 
-def bundle_size(cfg: StudyConfig, n_seeds: int, device: str, cpus: float) -> int:
-    """Resolve ``execution.bundle_size`` (``auto``: all seeds on a GPU; spread over CPUs)."""
+def bundle_count(cfg: StudyConfig, n_seeds: int, device: str, cpus: float, cap: int | None) -> int:
+    """How many bundles a point's ``n_seeds`` seeds form (they are then split evenly).
+
+    An integer ``execution.bundle_size`` K gives ``ceil(n / K)``. ``auto``: on a GPU, bundles
+    of up to 64; on CPUs, one bundle per worker, or, where the model caps the useful bundle
+    size (``Model.cpu_bundle_cap``), enough bundles of at most the cap, rounded up to a
+    multiple of the workers so the last wave keeps every CPU busy.
+    """
+    if n_seeds == 0:
+        return 0
     k = cfg.execution.bundle_size
     if k != "auto":
-        return int(k)
+        return math.ceil(n_seeds / int(k))
     if device == "cuda":
-        return max(1, min(n_seeds, 64))
+        return math.ceil(n_seeds / 64)
     workers = max(1, int(cpus // cfg.execution.cpus_per_trial))
-    return max(1, math.ceil(n_seeds / workers))
+    per_worker = math.ceil(n_seeds / workers)
+    if cap is None or per_worker <= cap:
+        return math.ceil(n_seeds / per_worker)
+    return min(n_seeds, workers * math.ceil(math.ceil(n_seeds / cap) / workers))
+
+
+def even_split(items: list[SeedSet], parts: int) -> list[list[SeedSet]]:
+    """``items`` in order, cut into ``parts`` runs whose sizes differ by at most one."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return [p for p in out if p]
 
 
 def plan_units(cfg: StudyConfig, out: Path, study: str, device: str, cpus: float) -> tuple[list[Unit], int, int]:
@@ -64,12 +87,17 @@ def plan_units(cfg: StudyConfig, out: Path, study: str, device: str, cpus: float
                 already += 1
             else:
                 todo.append(s)
-        k = bundle_size(cfg, len(todo), device, cpus)
+        cap = MODELS.get(point.spec.model_name).cpu_bundle_cap
         todo.sort(key=lambda s: (s.data_seed, s.index))
         for _, group in groupby(todo, key=lambda s: s.data_seed):
             members = list(group)
-            for i in range(0, len(members), k):
-                units.append(Unit(point, tuple(members[i : i + k])))
+            n_bundles = bundle_count(cfg, len(members), device, cpus, cap)
+            if cfg.execution.bundle_size == "auto":
+                bundles = even_split(members, n_bundles)
+            else:  # bundles of exactly K, the last one what is left
+                k = int(cfg.execution.bundle_size)
+                bundles = [members[i : i + k] for i in range(0, len(members), k)]
+            units.extend(Unit(point, tuple(b)) for b in bundles)
     return units, planned, already
 
 

@@ -11,6 +11,8 @@ Parametrised over the registries, so a new task or model is tested for free:
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +46,11 @@ def tiny_spec(task_cls: Any, model_cls: Any, **train: Any) -> RunSpec:
     return RunSpec.from_dict(raw)
 
 
-def _run(spec: RunSpec, indices: list[int]) -> BundleRun:
+def _run(spec: RunSpec, indices: list[int], device: str = "cpu") -> BundleRun:
     seeds = [derive_seedset(11, i) for i in indices]
     task = get_task(spec)
     try:
-        run = BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
+        run = BundleRun(spec, seeds, task, task.build(seeds[0].data_seed), device)
     except ConfigError as exc:
         if exc.field != "model.name":
             raise
@@ -87,13 +89,12 @@ def test_pair_trains_scores_and_is_deterministic(task_cls: Any, model_cls: Any, 
     assert other != ev_a, "a different seed should give a different run"
 
 
-@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
-def test_bundle_member_equals_lone_run_after_200_steps(task_cls: Any, model_cls: Any, torch_threads: None) -> None:
+def _check_200_steps(task_cls: Any, model_cls: Any, device: str) -> None:
     spec = tiny_spec(task_cls, model_cls, max_steps=200, eval_every_steps=200,
                      selection={"mode": "last", "early_stop": False})
-    bundle = _run(spec, [0, 1, 2])
+    bundle = _run(spec, [0, 1, 2], device)
     for k in range(3):
-        lone = _run(spec, [k])
+        lone = _run(spec, [k], device)
         for name, p in bundle.model.named_parameters():
             mine = p.detach()[k]
             ref = dict(lone.model.named_parameters())[name].detach()[0]
@@ -101,17 +102,105 @@ def test_bundle_member_equals_lone_run_after_200_steps(task_cls: Any, model_cls:
             assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-5 * float(scale)), (k, name)
 
 
-@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
-def test_bundle_end_to_end_matches_lone_runs(task_cls: Any, model_cls: Any, torch_threads: None) -> None:
+def _check_end_to_end(task_cls: Any, model_cls: Any, device: str) -> None:
     spec = tiny_spec(task_cls, model_cls)
-    bundle = _run(spec, [0, 1, 2])
+    bundle = _run(spec, [0, 1, 2], device)
     for k in range(3):
-        lone = _run(spec, [k])
+        lone = _run(spec, [k], device)
         assert bundle.members[k].best_epoch == lone.members[0].best_epoch
         ev_b, ev_l = _evals(bundle, k), _evals(lone, 0)
         assert ev_b.keys() == ev_l.keys()
         for key in ev_b:
             assert ev_b[key] == pytest.approx(ev_l[key], rel=1e-4, abs=1e-4), key
+
+
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_bundle_member_equals_lone_run_after_200_steps(task_cls: Any, model_cls: Any, torch_threads: None) -> None:
+    _check_200_steps(task_cls, model_cls, "cpu")
+
+
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_bundle_end_to_end_matches_lone_runs(task_cls: Any, model_cls: Any, torch_threads: None) -> None:
+    _check_end_to_end(task_cls, model_cls, "cpu")
+
+
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_a_stopped_member_leaves_the_computation_and_the_others_go_on_as_lone_runs(
+    task_cls: Any, model_cls: Any, torch_threads: None
+) -> None:
+    """Member 1 stops after the first round: with the generic step it is compacted out of the
+    model (rows 0 and 2 remain); members 0 and 2 still equal their lone runs, member 1 equals
+    a lone run of one round, and a checkpoint taken after compaction resumes bit-identically."""
+    spec = tiny_spec(task_cls, model_cls, selection={"mode": "last", "early_stop": False})
+    step_based = spec.train.max_steps is not None or task_cls.fresh_samples
+    one_round = {"max_steps": spec.train.eval_every_steps} if step_based else {"max_epochs": 1}
+    seeds = [derive_seedset(11, i) for i in range(3)]
+    task = get_task(spec)
+    data = task.build(seeds[0].data_seed)
+    try:
+        bundle = BundleRun(spec, seeds, task, data)
+    except ConfigError as exc:
+        pytest.skip(f"{spec.model_name} cannot take {spec.task_name}'s inputs: {exc}")
+    bundle.train_round()
+    bundle.members[1].status = "stopped"
+    bundle._compact()
+    compacts = bundle.fused is None
+    assert bundle.slots == ([0, 2] if compacts else [0, 1, 2]) and bundle.model.k == len(bundle.slots)
+    bundle.train_round()
+    resumed = BundleRun(spec, seeds, task, data)
+    resumed.load_state_dict(copy.deepcopy(bundle.state_dict()))
+    assert resumed.slots == bundle.slots
+    for run in (bundle, resumed):
+        while not run.done:
+            run.train_round()
+    assert _evals(resumed, 0) == _evals(bundle, 0) and _evals(resumed, 2) == _evals(bundle, 2)
+    assert bundle.members[1].best_epoch == (None if step_based else 1)
+    for k, extra in ((0, {}), (1, one_round), (2, {})):
+        lone = _run(tiny_spec(task_cls, model_cls, selection={"mode": "last", "early_stop": False}, **extra), [k])
+        assert bundle.members[k].best_step == lone.members[0].best_step
+        ev_b, ev_l = _evals(bundle, k), _evals(lone, 0)
+        assert ev_b.keys() == ev_l.keys()
+        for key in ev_b:
+            assert ev_b[key] == pytest.approx(ev_l[key], rel=1e-4, abs=1e-4), (k, key)
+
+
+@pytest.fixture()
+def cuda_fp32() -> Iterator[None]:
+    """A CUDA device computing in true float32 (no TF32 in matmuls or convolutions)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_cuda_bundle_member_equals_lone_run_after_200_steps(task_cls: Any, model_cls: Any, cuda_fp32: None) -> None:
+    _check_200_steps(task_cls, model_cls, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_cuda_bundle_end_to_end_matches_lone_runs(task_cls: Any, model_cls: Any, cuda_fp32: None) -> None:
+    _check_end_to_end(task_cls, model_cls, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_cuda_run_lands_where_the_cpu_run_does(task_cls: Any, model_cls: Any, cuda_fp32: None) -> None:
+    """Same seeds on CUDA and CPU: different kernels and dropout streams, so not equal, but
+    a run that trains on one device trains on the other (no device-specific bug)."""
+    spec = tiny_spec(task_cls, model_cls)
+    gpu, cpu = _run(spec, [0], "cuda"), _run(spec, [0], "cpu")
+    assert next(gpu.model.parameters()).device.type == "cuda"
+    ev_g, ev_c = _evals(gpu, 0), _evals(cpu, 0)
+    assert ev_g.keys() == ev_c.keys()
+    assert all(np.isfinite(v) for (_, m), v in ev_g.items() if m != "loss")
+    if model_cls.name not in ("seq2seq",):  # no dropout: the same computation up to rounding
+        for key in ev_g:
+            assert ev_g[key] == pytest.approx(ev_c[key], rel=1e-2, abs=2e-2), key
 
 
 def test_unknown_names_list_the_choices() -> None:

@@ -7,6 +7,10 @@ or ``eval_every_steps`` optimizer steps (step-based training), then evaluates th
 splits and applies the selection rule per member. A member that stopped (or diverged)
 is masked out of the loss; its selected parameters were saved when selected, and its
 current parameters are never read again, so the others go on exactly as lone runs.
+With the generic step (no fused step) stopped members are also dropped from the
+computation at the end of a round (*compaction*: ``slots`` maps the model's rows to
+members), so a bundle costs what its running members cost; :meth:`BundleRun.finalize`
+rebuilds every member from its selected parameters.
 
 Nothing here knows about Ray: the Ray Tune trainable (``trainables.trainable``) drives a
 BundleRun and checkpoints it with :meth:`state_dict`.
@@ -108,6 +112,9 @@ class BundleRun:
         self.data = data
         self.device = torch.device(device)
         self.k = len(seeds)
+        """Rows of the model now (members still computed); ``len(members)`` is the bundle."""
+        self.slots = list(range(self.k))
+        """``slots[row]``: the member whose parameters sit in model row ``row``."""
         self.members = [Member(s) for s in seeds]
         self.model = build_model(spec, data, seeds).to(self.device)
         self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device)
@@ -121,7 +128,7 @@ class BundleRun:
         self.epoch = 0
         self.step = 0
         self.rounds = 0
-        self.streams: list[tuple[np.ndarray, int]] = [(np.empty(0, np.int64), 0)] * self.k
+        self.streams: list[tuple[np.ndarray, int]] = [(np.empty(0, np.int64), 0)] * len(self.members)
         self.wall_s = 0.0
         self.last_eval: dict[str, list[dict[str, float]]] = {}
         self._check_splits()
@@ -158,7 +165,7 @@ class BundleRun:
         return self.epoch >= self.train_cfg.max_epochs
 
     def _active_mask(self) -> torch.Tensor:
-        return torch.tensor([m.active for m in self.members], device=self.device)
+        return torch.tensor([self.members[m].active for m in self.slots], device=self.device)
 
     # ----------------------------------------------------------------- training
     def _next_rows(self, k: int, b: int) -> np.ndarray:
@@ -179,11 +186,11 @@ class BundleRun:
     def _train_batch(self) -> tuple[SplitData, list[np.ndarray]]:
         b = self.train_cfg.batch_size
         if self.task.fresh_samples:
-            parts = [self.task.sample_train(self.data, self.order_rngs[k], b) for k in range(self.k)]
+            parts = [self.task.sample_train(self.data, self.order_rngs[m], b) for m in self.slots]
             assert all(isinstance(p, Arrays) for p in parts)
             data = concat_arrays(parts)  # type: ignore[arg-type]
             return data, [np.arange(k * b, (k + 1) * b) for k in range(self.k)]
-        return self.train_split.data, [self._next_rows(k, b) for k in range(self.k)]
+        return self.train_split.data, [self._next_rows(m, b) for m in self.slots]
 
     def _set_lr(self) -> None:
         sched = self.train_cfg.lr_halving
@@ -192,7 +199,7 @@ class BundleRun:
         steps_per_epoch = max(1, math.ceil(self.n_train / self.train_cfg.batch_size))
         epoch_f = self.step / steps_per_epoch
         halvings = 0
-        if epoch_f > sched.start_epoch:
+        if epoch_f >= sched.start_epoch:  # once start_epoch epochs are done, then every every_epochs
             halvings = int((epoch_f - sched.start_epoch) // sched.every_epochs) + 1
         lr = self.train_cfg.lr * 0.5**halvings
         if self.fused is not None:
@@ -235,7 +242,10 @@ class BundleRun:
                 n_steps = min(n_steps, cfg.max_steps - self.step)
         else:
             n_steps = math.ceil(self.n_train / cfg.batch_size)
-            self.streams = [(self.order_rngs[k].permutation(self.n_train), 0) for k in range(self.k)]
+            self.streams = [
+                (self.order_rngs[m].permutation(self.n_train), 0) if m in self.slots else self.streams[m]
+                for m in range(len(self.members))
+            ]
         running = [m.active for m in self.members]
         loss_sum = torch.zeros(self.k, dtype=torch.float64, device=self.device)
         n_examples = 0
@@ -247,19 +257,21 @@ class BundleRun:
             n_examples += len(rows[0])
             bad = ~torch.isfinite(losses)
             if bool(bad.any()):
-                for k in torch.nonzero(bad).flatten().tolist():
-                    if self.members[k].active:
-                        self.members[k].status = "diverged"
+                for row in torch.nonzero(bad).flatten().tolist():
+                    if self.members[self.slots[row]].active:
+                        self.members[self.slots[row]].status = "diverged"
         self.rounds += 1
         if not self.step_based:
             self.epoch += 1
         epoch = None if self.step_based else self.epoch
         objective = (loss_sum / max(n_examples, 1)).tolist()
-        for k, m in enumerate(self.members):
+        for row, k in enumerate(self.slots):
+            m = self.members[k]
             if running[k]:
                 m.rounds_run += 1
-                m.metrics.append(self._row(m, epoch, "train", "train", "objective", objective[k]))
+                m.metrics.append(self._row(m, epoch, "train", "train", "objective", objective[row]))
         self._evaluate_round(running, epoch)
+        self._compact()
         self.wall_s += time.perf_counter() - t0
         return {
             "epoch": self.epoch,
@@ -280,24 +292,27 @@ class BundleRun:
         """Evaluate every member on ``split`` (chunks sorted by length)."""
         n = len(split)
         order = np.argsort(_lengths(split.data), kind="stable")
-        losses = np.zeros((self.k, n))
+        model_values: dict[str, np.ndarray] = {}  # name -> (K, n): loss, model extras
         preds: list[list[Any]] = [[None] * n for _ in range(self.k)]
         bs = self.train_cfg.eval_batch_size
         for start in range(0, n, bs):
             rows = order[start : start + bs]
             batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
-            losses[:, rows] = self.model.example_losses(batch).double().cpu().numpy()
+            for name, per_row in self.model.example_metrics(batch).items():
+                model_values.setdefault(name, np.zeros((self.k, n)))[:, rows] = per_row.double().cpu().numpy()
             out = self.model.predict(batch)
             for k in range(self.k):
                 for j, r in enumerate(rows):
                     preds[k][r] = out[k][j]
+        model_values.setdefault("loss", np.zeros((self.k, 0)))
         means: list[dict[str, float]] = []
         per_example: list[dict[str, np.ndarray]] = []
         for k in range(self.k):
             scores = self.task.score(split, preds[k])
-            per_example.append(scores)
-            mk = {"loss": float(losses[k].mean()) if n else float("nan")}
-            mk.update({name: float(np.mean(v)) if n else float("nan") for name, v in scores.items()})
+            values = {name: v[k] for name, v in model_values.items() if name != "loss"} | scores
+            per_example.append(values)
+            mk = {"loss": float(model_values["loss"][k].mean()) if n else float("nan")}
+            mk.update({name: float(np.mean(v)) if n else float("nan") for name, v in values.items()})
             means.append(mk)
         return Evaluation(means, per_example, preds if predictions else [])
 
@@ -308,21 +323,21 @@ class BundleRun:
         if epoch is not None and epoch in cfg.snapshot_epochs:
             names = list(self.data.splits)
         results = {name: self.evaluate(self.data.splits[name]) for name in names}
-        self.last_eval = {
-            name: [ev.means[k] for k in range(self.k) if running[k]] for name, ev in results.items()
-        }
+        rows = [(row, k) for row, k in enumerate(self.slots) if running[k]]
+        self.last_eval = {name: [ev.means[row] for row, _ in rows] for name, ev in results.items()}
         for name, ev in results.items():
             role = self.data.splits[name].role
-            for k, m in enumerate(self.members):
-                if running[k]:
-                    m.metrics.extend(self._row(m, epoch, name, role, met, v) for met, v in ev.means[k].items())
-        for k, m in enumerate(self.members):
-            if not running[k] or m.status == "diverged":
+            for row, k in rows:
+                m = self.members[k]
+                m.metrics.extend(self._row(m, epoch, name, role, met, v) for met, v in ev.means[row].items())
+        for row, k in rows:
+            m = self.members[k]
+            if m.status == "diverged":
                 continue
-            value = math.nan if sel.mode == "last" else results[sel.split].means[k][sel.metric]
-            self._select(k, m, value, epoch)
+            value = math.nan if sel.mode == "last" else results[sel.split].means[row][sel.metric]
+            self._select(row, m, value, epoch)
 
-    def _select(self, k: int, m: Member, value: float, epoch: int | None) -> None:
+    def _select(self, row: int, m: Member, value: float, epoch: int | None) -> None:
         sel = self.train_cfg.selection
         better = (
             sel.mode == "last"
@@ -332,7 +347,7 @@ class BundleRun:
         )
         if better:
             m.best_value, m.best_epoch, m.best_step = value, epoch, self.step
-            m.best_params = self.model.member_state(k)
+            m.best_params = self.model.member_state(row)
             m.bad_rounds = 0
         else:
             m.bad_rounds += 1
@@ -344,6 +359,42 @@ class BundleRun:
         if armed and m.bad_rounds >= sel.patience and m.rounds_run >= sel.min_epochs:
             m.status = "stopped"
 
+    # ----------------------------------------------------------------- compaction
+    def _compact(self) -> None:
+        """Drop stopped or diverged members from the model, optimizer and noise streams.
+
+        Only with the generic step (a fused step keeps its own per-member state) and only
+        while someone still runs; the kept rows compute exactly what they did before.
+        """
+        keep = [row for row, k in enumerate(self.slots) if self.members[k].active]
+        if self.fused is not None or not keep or len(keep) == len(self.slots):
+            return
+        self._keep_rows(keep)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        old_k = len(self.slots)
+        index = torch.tensor(keep, device=self.device)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.grad = None
+                p.data = p.data.index_select(0, index).contiguous()
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, v in state.items():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == old_k:
+                        state[key] = v.index_select(0, index.to(v.device)).contiguous()
+        self.noise.generators = [self.noise.generators[row] for row in keep]
+        self.slots = [self.slots[row] for row in keep]
+        self.k = self.model.k = len(keep)
+
+    def _restore_all_members(self) -> None:
+        """Undo compaction: a fresh K-member model (rows = members), for final evaluation."""
+        if len(self.slots) == len(self.members):
+            return
+        self.model = build_model(self.spec, self.data, [m.seeds for m in self.members]).to(self.device)
+        self.slots = list(range(len(self.members)))
+        self.k = len(self.members)
+
     # ----------------------------------------------------------------- results
     def finalize(self, render: Callable[[Split, int], tuple[str, str]] | None = None) -> list[dict[str, Rows]]:
         """Evaluate every member at its selected epoch on every split.
@@ -351,6 +402,7 @@ class BundleRun:
         Returns one dict per member with ``metrics``, ``evals`` and ``predictions`` rows
         (without study/trial columns) and a ``run`` summary.
         """
+        self._restore_all_members()
         for k, m in enumerate(self.members):
             if m.best_params is not None:
                 self.model.load_member_state(k, m.best_params)
@@ -396,9 +448,13 @@ class BundleRun:
             "streams": self.streams,
             "counters": (self.epoch, self.step, self.rounds, self.wall_s),
             "members": [m.__dict__.copy() for m in self.members],
+            "slots": list(self.slots),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        slots = state.get("slots", self.slots)
+        if slots != self.slots:  # the checkpoint was compacted: compact the same way first
+            self._keep_rows([self.slots.index(k) for k in slots])
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -43,10 +43,10 @@ class SelectionConfig(FrozenConfig):
 class LrHalving(FrozenConfig):
     """Halve the learning rate on a schedule (Sutskever et al. 2014)."""
 
-    start_epoch: float = 5.0
-    """Epoch (fractional allowed) after which halving starts."""
-    every_epochs: float = 0.5
-    """Halve every this many epochs after ``start_epoch``."""
+    start_epoch: float = Field(5.0, ge=0)
+    """The first halving applies once this many epochs (fractional allowed) are done."""
+    every_epochs: float = Field(0.5, gt=0)
+    """Then halve again every this many epochs (lr / 2^n after start + (n - 1) * every)."""
 
 
 class TrainConfig(FrozenConfig):

@@ -422,3 +422,47 @@ def test_beam_width_one_equals_greedy_up_to_eos() -> None:
         g = greedy[k, b, : batch.decode_steps[k, b]].tolist()
         cut = g.index(EOS) + 1 if EOS in g else len(g)
         assert beam[k, b].tolist()[:cut] == g[:cut]
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_teacher_forced_exact_on_targets_made_from_the_models_own_greedy_output(impl: str) -> None:
+    """Targets built from the model's greedy output: an example whose greedy output reaches EOS
+    at step m gets the target greedy[:m], so teacher forcing replays greedy decoding and must
+    score tf_exact 1; an example with its first target token changed must score 0, and so
+    must one whose greedy output never emits EOS (its EOS position is wrong)."""
+    src = pairs(40, seed=9).src
+    m = model(1, [12], init_range=1.0, teacher_forced_exact=True, impl=impl)
+    with torch.no_grad():
+        m.out_bias[0, EOS] += 1.75  # EOS becomes the argmax at some steps of some examples
+    rows = [np.arange(len(src))]
+    any_target = SeqPairs(src, [np.array([3])] * len(src), np.arange(len(src)))
+    greedy = m.predict(m.make_batch(any_target, rows, torch.device("cpu")))[0]
+    tgt, expect = [], []
+    for out in greedy:
+        g = out.tolist()
+        stop = g.index(EOS) if EOS in g else len(g) - 1
+        t = np.asarray(g[:stop], dtype=np.int64)
+        ok = EOS in g
+        if ok and len(t) >= 1:
+            t = t.copy()
+            t[0] = 3 + (t[0] - 3 + 1) % N_TGT  # another real token
+            ok = False
+        tgt.append(t)
+        expect.append(float(ok))
+    data = SeqPairs(src, tgt, np.arange(len(src)))
+    with torch.no_grad():
+        out = m.example_metrics(m.make_batch(data, rows, torch.device("cpu")))
+    assert set(out) == {"loss", "tf_exact", "tf_token"}
+    assert out["tf_exact"][0].tolist() == expect
+    # tf_token: all len + 1 positions right; only the EOS position wrong (greedy never
+    # emitted EOS); the first position wrong, later ones free (their gold prefix changed)
+    for i, (t, ok) in enumerate(zip(tgt, expect, strict=True)):
+        one_wrong = 1.0 - 1.0 / (len(t) + 1)
+        if ok:
+            assert float(out["tf_token"][0, i]) == 1.0
+        elif EOS not in greedy[i].tolist():
+            assert float(out["tf_token"][0, i]) == pytest.approx(one_wrong)
+        else:
+            assert float(out["tf_token"][0, i]) <= one_wrong + 1e-6
+    assert 3 <= sum(expect) <= len(expect) - 3, "the check needs both outcomes"
+    assert torch.allclose(out["loss"], m.example_losses(m.make_batch(data, rows, torch.device("cpu"))))

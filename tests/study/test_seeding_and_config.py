@@ -88,3 +88,31 @@ def test_planning_skips_committed_and_bundles(tmp_path: Path) -> None:
     assert already == 1 and sorted(s.index for u in units for s in u.seeds) == [0, 2]
     # no temp files left behind by the atomic writes
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("model", "seeds", "device", "cpus", "sizes"),
+    [
+        # seq2seq caps CPU bundles at 8: 50 seeds -> 7 bundles rounded up to 8 for 2 CPUs
+        ({"name": "seq2seq"}, 50, "cpu", 2, [7, 7, 6, 6, 6, 6, 6, 6]),
+        ({"name": "seq2seq"}, 16, "cpu", 2, [8, 8]),
+        ({"name": "seq2seq"}, 5, "cpu", 2, [3, 2]),
+        ({"name": "seq2seq"}, 50, "cuda", 1, [50]),
+        ({"name": "seq2seq"}, 70, "cuda", 1, [35, 35]),
+    ],
+)
+def test_auto_bundles_follow_the_device_and_the_models_cap(
+    tmp_path: Path, model: dict[str, str], seeds: int, device: str, cpus: int, sizes: list[int]
+) -> None:
+    cfg = parse({**BASE, "model": model, "seeds": {"count": seeds, "root": 7},
+                 "execution": {"bundle_size": "auto"}})
+    units, planned, _ = plan_units(cfg, tmp_path, "s", device, cpus)
+    assert [len(u.seeds) for u in units] == sizes and planned == seeds
+    assert sorted(s.index for u in units for s in u.seeds) == list(range(seeds))
+
+
+def test_auto_bundles_without_a_cap_take_one_per_cpu(tmp_path: Path) -> None:
+    cfg = parse({"task": {"name": "dyck1"}, "model": {"name": "rnn_tagger"}, "train": {"batch_size": 1},
+                 "seeds": {"count": 30, "root": 1}, "execution": {"bundle_size": "auto"}})
+    units, _, _ = plan_units(cfg, tmp_path, "s", "cpu", 2)
+    assert [len(u.seeds) for u in units] == [15, 15]

@@ -71,6 +71,10 @@ class Model(nn.Module, ABC):
     data_kind: ClassVar[DataKind]
     tiny: ClassVar[dict[str, Any]] = {}
     """Config overrides for a small, fast model in the contract test."""
+    cpu_bundle_cap: ClassVar[int | None] = None
+    """``bundle_size: auto`` on CPUs puts at most this many seeds in a bundle (None: no cap).
+    Set it where throughput per thread stops growing with K: a bundle runs until its slowest
+    member stops early, so beyond that point a bigger bundle only computes frozen members."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__()
@@ -98,6 +102,12 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def example_losses(self, batch: Any) -> torch.Tensor:
         """Evaluation loss per member and example, ``(K, B)``, without noise."""
+
+    def example_metrics(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Per-example evaluation values ``{name: (K, B)}`` made from the model's own outputs,
+        ``loss`` first; a model may add metrics its task cannot compute from predictions
+        (seq2seq: teacher-forced exact match)."""
+        return {"loss": self.example_losses(batch)}
 
     @abstractmethod
     def predict(self, batch: Any) -> list[list[Any]]:

@@ -57,7 +57,9 @@ from trainables.models.base import MemberNoise, Model
 from trainables.models.seq2seq_decode import beam_decode, greedy_decode
 from trainables.models.seq2seq_fast import FastEngine
 from trainables.models.seq2seq_layout import (
+    IGNORE,
     Arch,
+    Engine,
     Seq2SeqBatch,
     build_modules,
     collate,
@@ -100,6 +102,11 @@ class Seq2SeqConfig(FrozenConfig):
     ``trainables/models/seq2seq_cells.py``), so there is no compiled path."""
     beam_width: int = Field(1, ge=1)
     """Beam width for predictions; 1 = greedy decoding."""
+    teacher_forced_exact: bool = False
+    """Also score ``tf_exact``: an example counts when, fed the gold prefix (teacher forcing),
+    the argmax at every target position incl. EOS is the gold token (Li et al.'s original
+    metric; greedy-decoding exact match is the task's own metric), and ``tf_token``: the
+    fraction of an example's target positions (incl. EOS) whose argmax is right."""
 
     @model_validator(mode="after")
     def _no_compiled_path(self) -> Seq2SeqConfig:
@@ -172,6 +179,10 @@ class Seq2Seq(Model):
     """The contract test's config: the paper sizes. Smaller models under the summed loss
     and SGD lr 0.125 move ~20% per clipped step, a chaotic regime where float rounding
     (bundle vs lone) outgrows 1e-5 within 200 steps."""
+    cpu_bundle_cap: ClassVar[int | None] = 8
+    """One CPU thread trains about 4.6k seed-samples/s at K=1, 6.0k at K=4 and 6.3k at K=16
+    (``benchmarks/seq2seq_kernels.py``): beyond ~8 a bundle gains nothing per thread and
+    waits longer for its slowest member under early stopping."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__(config, meta, k)
@@ -189,7 +200,7 @@ class Seq2Seq(Model):
         )
         for name, (_, _, shape) in param_layout(build_modules(self.arch)).items():
             self.register_parameter(name, nn.Parameter(torch.empty(k, *shape)))
-        self.engine: FastEngine | ReferenceEngine
+        self.engine: Engine
         if config.impl == "reference":
             self.engine = ReferenceEngine(self.arch)
         else:
@@ -256,6 +267,26 @@ class Seq2Seq(Model):
         k, b = batch.src_len.shape
         out = ce.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), ce.view(-1))
         return out.view(k, b)
+
+    def example_metrics(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``loss`` per example and, with ``teacher_forced_exact``, ``tf_exact`` (0/1) and
+        ``tf_token`` (fraction of right target positions), from one teacher-forced pass."""
+        if not self.cfg.teacher_forced_exact:
+            return super().example_metrics(batch)
+        ce, hit = self.engine.token_outputs(self._params(), batch, None, hits=True)  # (K, N)
+        assert hit is not None
+        k, b = batch.src_len.shape
+        where = batch.tok_example.view(-1)
+        loss = ce.new_zeros(k * b).index_add_(0, where, ce.view(-1))
+        real = batch.tok_target != IGNORE  # token-list padding is no token
+        miss = ~hit & real
+        wrong = ce.new_zeros(k * b).index_add_(0, where, miss.view(-1).to(ce.dtype))
+        tokens = ce.new_zeros(k * b).index_add_(0, where, real.view(-1).to(ce.dtype))
+        return {
+            "loss": loss.view(k, b),
+            "tf_exact": (wrong == 0).to(ce.dtype).view(k, b),
+            "tf_token": (1.0 - wrong / tokens).view(k, b),
+        }
 
     @torch.no_grad()
     def predict(self, batch: Any) -> list[list[np.ndarray]]:

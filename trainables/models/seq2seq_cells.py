@@ -136,7 +136,8 @@ class LSTMSequence(torch.autograd.Function):
         dcs_t = dcs.unbind(1) if dcs is not None else None
         dh = hs.new_zeros(k, b, hid)
         dc = hs.new_zeros(k, b, hid)
-        chunk = max(1, CHUNK_FLOATS // (k * b * g4))
+        # CPU: cache-sized chunks; CUDA: all steps at once (each op is a kernel launch there)
+        chunk = t_len if act.is_cuda else max(1, CHUNK_FLOATS // (k * b * g4))
         for t1 in range(t_len, 0, -chunk):
             t0 = max(0, t1 - chunk)
             coef_h, coef, f = _gate_derivatives(act, cs, tcs, c0, t0, t1)

@@ -31,6 +31,7 @@ from trainables.models.seq2seq_cells import cell_step, lstm_sequence, prepare_ga
 from trainables.models.seq2seq_layout import (
     IGNORE,
     Arch,
+    Engine,
     Seq2SeqBatch,
     dropout_masks,
     scatter_rows,
@@ -116,11 +117,8 @@ def _time_gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, index.unsqueeze(-1).expand(*index.shape, x.shape[-1]))
 
 
-class FastEngine:
+class FastEngine(Engine):
     """Batched bundle computation over stacked parameters (see the module docstring)."""
-
-    def __init__(self, arch: Arch) -> None:
-        self.arch = arch
 
     # ------------------------------------------------------------------ encoder
     def encode(
@@ -163,10 +161,15 @@ class FastEngine:
         return x.transpose(1, 2).contiguous(), keys, h_fin, c_fin
 
     # ------------------------------------------------------------------ training loss
-    def token_ce(
-        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, noise: MemberNoise | None
-    ) -> torch.Tensor:
-        """Cross-entropy of every listed target token (K, N), 0 at token-list padding."""
+    def token_outputs(
+        self,
+        params: Mapping[str, torch.Tensor],
+        batch: Seq2SeqBatch,
+        noise: MemberNoise | None,
+        hits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-entropy of every listed target token (K, N), 0 at token-list padding; with
+        ``hits`` also whether each token is the argmax of its logits (K, N) bool."""
         a = self.arch
         w = _weights(a, params)
         enc, keys, h_fin, c_fin = self.encode(w, batch, noise)  # (K, B, S, He)
@@ -204,10 +207,13 @@ class FastEngine:
         # reduction (trailing token-list padding adds exact zeros) instead of a cascade sum
         # whose grouping depends on the padded length
         u1 = torch.cat([u, u.new_ones(k, n, 1)], -1)
-        return self.output_ce(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target)
+        return self.output_ce(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target, hits)
 
-    def output_ce(self, u1: torch.Tensor, w1: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (K, N) of logits ``u1 @ w1`` (bias folded in) against ``target``.
+    def output_ce(
+        self, u1: torch.Tensor, w1: torch.Tensor, target: torch.Tensor, hits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-entropy (K, N) of logits ``u1 @ w1`` (bias folded in) against ``target``
+        (with ``hits``, also ``argmax(logits) == target`` (K, N)).
 
         Without autograd (evaluation: tens of thousands of tokens per chunk) the logits are
         made for about 1 MiB of them at a time, which stays in cache: 2.4x faster than one
@@ -216,7 +222,7 @@ class FastEngine:
         k, n, _ = u1.shape
         v = w1.shape[2]
         step = n if torch.is_grad_enabled() else max(1, EVAL_CHUNK_FLOATS // (k * v))
-        parts = []
+        parts, hit_parts = [], []
         for n0 in range(0, n, step):
             logits = torch.bmm(u1[:, n0 : n0 + step], w1)  # (K, C, V)
             c = logits.shape[1]
@@ -227,7 +233,10 @@ class FastEngine:
                 reduction="none",
             )
             parts.append(ce.view(k, c))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+            if hits:
+                hit_parts.append(logits.argmax(-1) == target[:, n0 : n0 + step])
+        ce_all = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        return ce_all, torch.cat(hit_parts, 1) if hits else None
 
     def decoder(
         self, w: _Weights, y: torch.Tensor, h_fin: list[torch.Tensor], c_fin: list[torch.Tensor]

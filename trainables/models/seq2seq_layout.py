@@ -31,7 +31,8 @@ lengths that draw (``MemberNoise.dropout_mask``, ``bernoulli_``) took about 1.3 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,10 +155,6 @@ class Seq2SeqBatch:
     """(K, B) int64 greedy decoding steps per example (task meta ``decode_len``)."""
 
 
-def _lengths(seqs: Sequence[np.ndarray]) -> np.ndarray:
-    return np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-
-
 def collate(
     data: SplitData,
     rows: Sequence[np.ndarray],
@@ -170,10 +167,8 @@ def collate(
         raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
     index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
     k, b = index.shape
-    src_seqs = [data.src[i] for i in index.ravel()]
-    tgt_seqs = [data.tgt[i] for i in index.ravel()]
-    ls = _lengths(src_seqs).reshape(k, b)
-    lt = _lengths(tgt_seqs).reshape(k, b)
+    (src_all, src_len), (tgt_all, tgt_len) = data.padded().src, data.padded().tgt
+    ls, lt = src_len[index], tgt_len[index]  # (K, B)
     if b == 0 or ls.min() < 1:
         raise DataError(
             "seq2seq batch: every example needs a non-empty source and a batch at least one "
@@ -182,14 +177,15 @@ def collate(
     s, t = int(ls.max()), int(lt.max()) + 1
 
     src_mask = np.arange(s) < ls[..., None]  # (K, B, S)
-    src = np.zeros((k, b, s), dtype=np.int64)
+    steps_t = np.arange(s)
+    src_rev = np.where(src_mask, ls[..., None] - 1 - steps_t, steps_t)  # its own inverse
+    src = src_all[index, :s]  # (K, B, S), zero-padded
     if reverse_source:
-        src_seqs = [x[::-1] for x in src_seqs]
-    src[src_mask] = np.concatenate(src_seqs)
+        src = np.take_along_axis(src, src_rev, axis=2)
 
     tgt_mask = np.arange(t) < (lt + 1)[..., None]  # (K, B, T)
     tgt_out = np.zeros((k, b, t), dtype=np.int64)
-    tgt_out[np.arange(t) < lt[..., None]] = np.concatenate([*tgt_seqs, np.empty(0, np.int64)])
+    tgt_out[..., : t - 1] = tgt_all[index, : t - 1]
     np.put_along_axis(tgt_out, lt[..., None], EOS, axis=2)
     tgt_in = np.zeros((k, b, t), dtype=np.int64)
     tgt_in[..., 0] = BOS
@@ -213,8 +209,6 @@ def collate(
     tok_step_weight[kk, j] = 1.0 / per_step[kk, tt]
 
     sk, sb, st = np.nonzero(src_mask)
-    steps_t = np.arange(s)
-    src_rev = np.where(src_mask, ls[..., None] - 1 - steps_t, steps_t)
 
     def as_t(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
@@ -262,3 +256,31 @@ def scatter_rows(rows: torch.Tensor, positions: torch.Tensor, shape: Sequence[in
     """A zero tensor of ``shape`` whose flattened leading dims hold ``rows`` at ``positions``."""
     flat = rows.new_zeros(int(np.prod(shape[:-1])), shape[-1])
     return flat.index_copy_(0, positions, rows).view(*shape)
+
+
+class Engine(ABC):
+    """What an implementation (``fast``, ``reference``) computes over the stacked parameters."""
+
+    def __init__(self, arch: Arch) -> None:
+        self.arch = arch
+
+    def token_ce(
+        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, noise: MemberNoise | None
+    ) -> torch.Tensor:
+        """Cross-entropy of every target token (K, N) (see :meth:`token_outputs`)."""
+        return self.token_outputs(params, batch, noise, hits=False)[0]
+
+    @abstractmethod
+    def token_outputs(
+        self,
+        params: Mapping[str, torch.Tensor],
+        batch: Seq2SeqBatch,
+        noise: MemberNoise | None,
+        hits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-entropy of every target token (K, N) in (example, time) order, 0 at token-list
+        padding; with ``hits`` also whether each token is the argmax of its logits (K, N)."""
+
+    @abstractmethod
+    def start_decode(self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int) -> Any:
+        """A stepper for greedy or beam decoding (:mod:`seq2seq_decode`)."""

@@ -27,6 +27,7 @@ from trainables.models.base import MemberNoise
 from trainables.models.seq2seq_layout import (
     IGNORE,
     Arch,
+    Engine,
     Seq2SeqBatch,
     build_modules,
     dropout_masks,
@@ -53,11 +54,11 @@ class _Bound:
         return functional_call(self.modules[module], self.by_module[module], args)
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     """Eager ``nn`` modules over member 0 (see the module docstring)."""
 
     def __init__(self, arch: Arch) -> None:
-        self.arch = arch
+        super().__init__(arch)
         self.modules = build_modules(arch, "meta")
         self.layout = param_layout(self.modules)
 
@@ -93,10 +94,15 @@ class ReferenceEngine:
         ctx = torch.bmm(scores.softmax(-1), enc)  # (B, T, He)
         return torch.tanh(m("combine", torch.cat([ctx, dec], -1)))
 
-    def token_ce(
-        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, noise: MemberNoise | None
-    ) -> torch.Tensor:
-        """Cross-entropy of every target token (1, N) in (example, time) order."""
+    def token_outputs(
+        self,
+        params: Mapping[str, torch.Tensor],
+        batch: Seq2SeqBatch,
+        noise: MemberNoise | None,
+        hits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-entropy of every target token (1, N) in (example, time) order; with
+        ``hits`` also whether each token is the argmax of its logits (1, N) bool."""
         if batch.src.shape[0] != 1:
             raise ValueError("the reference implementation runs one member (K = 1)")
         a = self.arch
@@ -117,7 +123,10 @@ class ReferenceEngine:
         logits = m("out", u)  # (B, T, V)
         target = batch.tgt_out[0].masked_fill(~tgt_mask, IGNORE)
         ce = F.cross_entropy(logits.reshape(b * t, -1), target.flatten(), reduction="none")
-        return ce[positions].unsqueeze(0)
+        hit = None
+        if hits:
+            hit = (logits.argmax(-1).flatten() == target.flatten())[positions].unsqueeze(0)
+        return ce[positions].unsqueeze(0), hit
 
     def start_decode(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int

@@ -73,9 +73,32 @@ class SeqPairs:
     src: list[np.ndarray]
     tgt: list[np.ndarray]
     ids: np.ndarray
+    _padded: PaddedPairs | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def padded(self) -> PaddedPairs:
+        """The split as zero-padded arrays (built on first use, then kept): a batch is
+        then an index into them instead of a Python loop over its sequences."""
+        if self._padded is None:
+            self._padded = PaddedPairs(_pad(self.src), _pad(self.tgt))
+        return self._padded
+
+
+@dataclass(frozen=True)
+class PaddedPairs:
+    """:class:`SeqPairs` as ``(values (N, max_len) int64 zero-padded, lengths (N,))`` pairs."""
+
+    src: tuple[np.ndarray, np.ndarray]
+    tgt: tuple[np.ndarray, np.ndarray]
+
+
+def _pad(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+    out = np.zeros((len(seqs), int(lengths.max(initial=0))), dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.concatenate([*seqs, np.empty(0, np.int64)])
+    return out, lengths
 
 
 @dataclass

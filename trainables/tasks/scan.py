@@ -305,5 +305,10 @@ class Scan(Task):
             "test_splits": ["test_full"],
             "histograms": [{"split": "test_full", "metric": "exact"}],
             "scatter": [["train_eval", "exact"], ["test_full", "exact"]],
-            "charts": [{"type": "curve", "splits": ["train_eval", "test"], "metric": "exact"}],
+            "charts": [
+                {"type": "curve", "splits": ["train_eval", "test"], "metric": "exact"},
+                # present when the model scores it (seq2seq ``teacher_forced_exact``)
+                {"type": "curve", "splits": ["train_eval", "test"], "metric": "tf_exact"},
+                {"type": "curve", "splits": ["train_eval", "test"], "metric": "tf_token"},
+            ],
         }

@@ -1,0 +1,221 @@
+"""The ``tune:`` block of a study file: search space, objective, sampler, validated.
+
+:func:`tune_block` resolves and checks a study's ``tune:`` block before anything runs:
+every searched field must exist, both bounds must make a valid config, and the objective
+(and epoch selection) may only look at splits whose role is ``val`` or ``val_ood``, so
+test data never reaches the sampler. Running the search is :mod:`study.tuning`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from study.config import Point, StudyConfig
+from study.plan import seedsets
+from trainables.configbase import FrozenConfig
+from trainables.errors import ConfigError
+from trainables.loop import get_task
+from trainables.spec import RunSpec, validate
+from trainables.tuning_unit import apply_params
+
+DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
+    "symbol_rewriting": {
+        "train.lr": {"low": 0.01, "high": 1.0, "log": True},
+        "model.dropout": {"low": 0.0, "high": 0.5},
+    },
+}
+"""Task name -> the search space used when a ``tune:`` block gives no ``space``."""
+
+TUNABLE_ROLES = ("val", "val_ood")
+"""Split roles tuning may look at (objective, epoch selection, pruning)."""
+
+SEARCH_IDENTITY = (
+    "space",
+    "objective",
+    "direction",
+    "seeds_per_candidate",
+    "sampler",
+    "sampler_seed",
+    "startup_trials",
+)
+"""TuneBlock fields a resumed search must keep (``trials``, ``sequential``, pruning may change)."""
+
+
+class ParamSpace(FrozenConfig):
+    """One searched numeric field."""
+
+    low: float
+    """Lower bound (inclusive)."""
+    high: float
+    """Upper bound (inclusive)."""
+    log: bool = False
+    """Sample on a log scale (log-uniform); needs ``low > 0``."""
+    type: Literal["float", "int"] = "float"
+    """``float`` or ``int`` (integer bounds, integer values)."""
+
+
+class Objective(FrozenConfig):
+    """What a candidate is scored on."""
+
+    split: str = "val_ood"
+    """Split whose metric is the objective; its role must be ``val`` or ``val_ood``."""
+    metric: str = "accuracy"
+    """Metric on that split (``loss`` or any metric the task scores)."""
+    aggregate: Literal["mean", "median", "iqm"] = "mean"
+    """How the per-seed values combine (IQM: mean of the middle 50%)."""
+
+
+class TuneBlock(FrozenConfig):
+    """The ``tune:`` block of a study file."""
+
+    space: dict[str, ParamSpace] | None = None
+    """Dotted field path -> range, e.g. ``train.lr: {low: 0.01, high: 1.0, log: true}``;
+    omitted: the task's default (symbol rewriting: lr log-uniform in [0.01, 1],
+    dropout uniform in [0, 0.5])."""
+    objective: Objective = Objective()
+    """The objective split, metric and aggregate."""
+    direction: Literal["maximize", "minimize"] | None = None
+    """Whether a larger objective is better; omitted: ``minimize`` for ``loss``, else ``maximize``."""
+    seeds_per_candidate: int = Field(3, ge=1)
+    """K: seed indices 0..K-1 (from the ``seeds:`` block's root and vary) every candidate trains."""
+    trials: int = Field(20, ge=1)
+    """Candidates to finish (``--trials`` overrides); a resumed search runs only the missing ones."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """Optuna sampler."""
+    sampler_seed: int = Field(0, ge=0)
+    """Seed of the sampler (each proposal is seeded from it and its position)."""
+    startup_trials: int = Field(10, ge=0)
+    """TPE: random candidates before TPE starts modelling."""
+    sequential: bool = False
+    """One candidate at a time: bit-reproducible, but uses one CPU. Default: one per CPU."""
+    enqueue: tuple[dict[str, float], ...] = ()
+    """Candidates evaluated first, before the sampler proposes (e.g. the published config)."""
+    pruner: Literal["none", "asha"] = "none"
+    """Early stopping of poor candidates (ASHA on the per-epoch objective); off by default."""
+    grace_period: int = Field(2, ge=1)
+    """ASHA: epochs (optimizer steps for step-based training) before a candidate can be stopped."""
+    reduction_factor: int = Field(3, ge=2)
+    """ASHA: keep about 1/reduction_factor of the candidates at each rung."""
+
+
+def tune_block(cfg: StudyConfig) -> TuneBlock:
+    """The validated ``tune:`` block, space and direction resolved; raises ConfigError."""
+    if not isinstance(cfg.tune, dict):
+        raise ConfigError(
+            "tune",
+            "the study file has no `tune:` mapping",
+            "add one, e.g. `tune: {trials: 20}` (see configs/weber2018_tune.yaml)",
+        )
+    if len(cfg.points) != 1:
+        raise ConfigError(
+            "grid",
+            "a tuning study cannot also have a grid",
+            "remove `grid:` or tune each point separately",
+        )
+    block: TuneBlock = validate(TuneBlock, dict(cfg.tune), "tune")
+    point = cfg.points[0]
+    if block.space is None:
+        if point.spec.task_name not in DEFAULT_SPACES:
+            raise ConfigError(
+                "tune.space",
+                f"task {point.spec.task_name!r} has no default search space",
+                "name one, e.g. `space: {train.lr: {low: 0.001, high: 0.1, log: true}}`",
+            )
+        default = {k: ParamSpace(**r) for k, r in DEFAULT_SPACES[point.spec.task_name].items()}
+        block = block.model_copy(update={"space": default})
+    assert block.space is not None
+    if not block.space:
+        raise ConfigError("tune.space", "is empty", "name at least one field to search")
+    base = point.spec.to_dict()
+    for path, rng in block.space.items():
+        _check_param(base, path, rng)
+    for i, cand in enumerate(block.enqueue):
+        for path, value in cand.items():
+            bounds = block.space.get(path)
+            if bounds is None or not bounds.low <= value <= bounds.high:
+                raise ConfigError(
+                    f"tune.enqueue[{i}].{path}",
+                    "not a searched field or outside its range",
+                    f"use fields of tune.space within their bounds: {', '.join(block.space)}",
+                )
+    _check_leakage(cfg, block)
+    seeds = seedsets(candidate_point(point, block))
+    if len({s.data_seed for s in seeds}) > 1:
+        raise ConfigError(
+            "seeds.vary",
+            "every candidate trains its K seeds as one bundle on one dataset",
+            "remove `data` from seeds.vary for a tuning study",
+        )
+    direction = block.direction or ("minimize" if block.objective.metric == "loss" else "maximize")
+    return block.model_copy(update={"direction": direction})
+
+
+def _check_param(base: dict[str, Any], path: str, rng: ParamSpace) -> None:
+    field = f"tune.space.{path}"
+    parts = path.split(".")
+    if parts[0] not in ("task", "model", "train") or len(parts) < 2:
+        raise ConfigError(
+            field,
+            "not a task/model/train field",
+            "use a dotted path like train.lr or model.dropout",
+        )
+    cur: Any = base
+    for p in parts:
+        if not isinstance(cur, dict) or p not in cur:
+            raise ConfigError(
+                field,
+                "no such config field",
+                "check the spelling against the task/model/train config",
+            )
+        cur = cur[p]
+    if isinstance(cur, bool) or not (cur is None or isinstance(cur, int | float)):
+        raise ConfigError(
+            field,
+            f"is not numeric (it is {cur!r})",
+            "search only numeric fields; use a grid for choices",
+        )
+    if rng.low >= rng.high or (rng.log and rng.low <= 0):
+        raise ConfigError(
+            field,
+            f"invalid range [{rng.low}, {rng.high}]",
+            "need low < high, and low > 0 with log: true",
+        )
+    if rng.type == "int" and not (float(rng.low).is_integer() and float(rng.high).is_integer()):
+        raise ConfigError(
+            field, "an int range needs integer bounds", "use whole numbers for low and high"
+        )
+    for value in (rng.low, rng.high):
+        try:
+            RunSpec.from_dict(
+                apply_params(base, {path: int(value) if rng.type == "int" else value})
+            )
+        except ConfigError as exc:
+            raise ConfigError(field, f"bound {value}: {exc.problem}", exc.fix) from None
+
+
+def _check_leakage(cfg: StudyConfig, block: TuneBlock) -> None:
+    """Objective and epoch selection may only look at val / val_ood splits."""
+    spec = cfg.points[0].spec
+    roles = get_task(spec).split_roles()
+    allowed = ", ".join(sorted(n for n, r in roles.items() if r in TUNABLE_ROLES))
+    looks = [("tune.objective.split", block.objective.split)]
+    if spec.train.selection.mode != "last":
+        looks.append(("train.selection.split", spec.train.selection.split))
+    for field, split in looks:
+        if split not in roles:
+            raise ConfigError(field, f"no split {split!r}", f"use one of: {allowed}")
+        if roles[split] not in TUNABLE_ROLES:
+            raise ConfigError(
+                field,
+                f"split {split!r} has role {roles[split]!r}: tuning may only look at val or val_ood "
+                "splits (a test split would leak into model selection)",
+                f"use one of: {allowed}",
+            )
+
+
+def candidate_point(point: Point, block: TuneBlock) -> Point:
+    return Point(
+        point.spec, point.seeds.model_copy(update={"count": block.seeds_per_candidate}), {}
+    )
