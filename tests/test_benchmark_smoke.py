@@ -1,0 +1,42 @@
+"""Smoke runs of the side-by-side benchmarks at tiny sizes: they run end to end through the
+real study path and print their ratio last. Their timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIO = re.compile(r"speedup = .*?([0-9]+\.[0-9]+)x$")
+
+
+def _run(*args: str) -> list[str]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    return [line for line in res.stdout.splitlines() if line.strip()]
+
+
+def test_seed_study_benchmark_prints_both_runs_and_the_speedup_last() -> None:
+    lines = _run("benchmarks/seed_study.py", "--tiny", "--seeds", "2", "--cpus", "2")
+    assert lines[-3].startswith("(a) baseline") and lines[-2].startswith("(b) fastest")
+    match = RATIO.search(lines[-1])
+    assert match and float(match.group(1)) > 0
+
+
+def test_seed_study_direct_mode_trains_one_bundle_without_ray() -> None:
+    lines = _run("benchmarks/seed_study.py", "--tiny", "--seeds", "3", "--direct", "cpu", "--epochs", "2")
+    assert "one bundle of 3 seeds on cpu" in lines[-1]
+    summary = [line.split() for line in lines if line.split()[:1] in (["standard"], ["long"])]
+    assert len(summary) == 2 and all(row[1] == "3" for row in summary)  # seeds column
+
+
+def test_dyck_benchmark_prints_the_speedup_last() -> None:
+    lines = _run("benchmarks/dyck_study.py", "--seeds", "2", "--train", "20", "--epochs", "1", "--cpus", "2")
+    match = RATIO.search(lines[-1])
+    assert match and float(match.group(1)) > 0
