@@ -222,7 +222,12 @@ def seed_scatter(
     interval, shown in the title.
     """
     parts = [
-        (f"{p}: " if multi else "") + f"r = {_fmt(c.r)} [{_fmt(c.low)}, {_fmt(c.high)}] (n={c.n})"
+        (f"{p}: " if multi else "")
+        + (
+            f"r = {_fmt(c.r)} [{_fmt(c.low)}, {_fmt(c.high)}] (n={c.n})"
+            if c.r is not None and np.isfinite(c.r)
+            else f"r undefined: too few seeds, or a split without variation (n={c.n})"
+        )
         for p, c in corrs.items()
     ]
     title = alt.TitleParams(
