@@ -91,9 +91,8 @@ def plan_units(cfg: StudyConfig, out: Path, study: str, device: str, cpus: float
         todo.sort(key=lambda s: (s.data_seed, s.index))
         for _, group in groupby(todo, key=lambda s: s.data_seed):
             members = list(group)
-            n_bundles = bundle_count(cfg, len(members), device, cpus, cap)
             if cfg.execution.bundle_size == "auto":
-                bundles = even_split(members, n_bundles)
+                bundles = even_split(members, bundle_count(cfg, len(members), device, cpus, cap))
             else:  # bundles of exactly K, the last one what is left
                 k = int(cfg.execution.bundle_size)
                 bundles = [members[i : i + k] for i in range(0, len(members), k)]

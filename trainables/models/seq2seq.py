@@ -119,6 +119,13 @@ class Seq2SeqConfig(FrozenConfig):
         return self
 
 
+def _per_example(values: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
+    """Per-token values (K, N) summed over each example's tokens -> (K, B)."""
+    k, b = batch.src_len.shape
+    out = values.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), values.view(-1))
+    return out.view(k, b)
+
+
 # --- loss reductions: (token CE (K, N), batch) -> (K,) -----------------------------------
 
 
@@ -263,10 +270,7 @@ class Seq2Seq(Model):
 
     def example_losses(self, batch: Any) -> torch.Tensor:
         """Summed cross-entropy per example (K, B), without dropout."""
-        ce = self.engine.token_ce(self._params(), batch, None)  # (K, N)
-        k, b = batch.src_len.shape
-        out = ce.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), ce.view(-1))
-        return out.view(k, b)
+        return _per_example(self.engine.token_ce(self._params(), batch, None), batch)
 
     def example_metrics(self, batch: Any) -> dict[str, torch.Tensor]:
         """``loss`` per example and, with ``teacher_forced_exact``, ``tf_exact`` (0/1) and
@@ -275,17 +279,13 @@ class Seq2Seq(Model):
             return super().example_metrics(batch)
         ce, hit = self.engine.token_outputs(self._params(), batch, None, hits=True)  # (K, N)
         assert hit is not None
-        k, b = batch.src_len.shape
-        where = batch.tok_example.view(-1)
-        loss = ce.new_zeros(k * b).index_add_(0, where, ce.view(-1))
         real = batch.tok_target != IGNORE  # token-list padding is no token
-        miss = ~hit & real
-        wrong = ce.new_zeros(k * b).index_add_(0, where, miss.view(-1).to(ce.dtype))
-        tokens = ce.new_zeros(k * b).index_add_(0, where, real.view(-1).to(ce.dtype))
+        wrong = _per_example((~hit & real).to(ce.dtype), batch)
+        tokens = _per_example(real.to(ce.dtype), batch)
         return {
-            "loss": loss.view(k, b),
-            "tf_exact": (wrong == 0).to(ce.dtype).view(k, b),
-            "tf_token": (1.0 - wrong / tokens).view(k, b),
+            "loss": _per_example(ce, batch),
+            "tf_exact": (wrong == 0).to(ce.dtype),
+            "tf_token": 1.0 - wrong / tokens,
         }
 
     @torch.no_grad()
