@@ -32,7 +32,16 @@ from trainables.models.base import MemberNoise, Model
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
 from trainables.spec import RunSpec
-from trainables.tasks.base import Arrays, SeqPairs, SeqTags, Split, SplitData, Task, TaskData
+from trainables.tasks.base import (
+    Arrays,
+    SeqPairs,
+    SeqTags,
+    Split,
+    SplitData,
+    Task,
+    TaskData,
+    TokenRows,
+)
 
 Rows = list[dict[str, Any]]
 
@@ -64,7 +73,7 @@ class Evaluation:
     means: list[dict[str, float]]
     """K dicts metric -> value (``loss`` included)."""
     per_example: list[dict[str, np.ndarray]]
-    predictions: list[list[Any]]
+    predictions: list[Sequence[Any]]
 
 
 def build_model(spec: RunSpec, data: TaskData, seeds: Sequence[SeedSet]) -> Model:
@@ -293,17 +302,19 @@ class BundleRun:
         n = len(split)
         order = np.argsort(_lengths(split.data), kind="stable")
         model_values: dict[str, np.ndarray] = {}  # name -> (K, n): loss, model extras
-        preds: list[list[Any]] = [[None] * n for _ in range(self.k)]
+        parts: list[list[tuple[np.ndarray, Sequence[Any]]]] = [[] for _ in range(self.k)]
         bs = self.train_cfg.eval_batch_size
+        cap = self.model.eval_rows
+        if cap is not None and self.device.type == "cpu":
+            bs = max(1, min(bs, cap // self.k))
         for start in range(0, n, bs):
             rows = order[start : start + bs]
             batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
             for name, per_row in self.model.example_metrics(batch).items():
                 model_values.setdefault(name, np.zeros((self.k, n)))[:, rows] = per_row.double().cpu().numpy()
-            out = self.model.predict(batch)
-            for k in range(self.k):
-                for j, r in enumerate(rows):
-                    preds[k][r] = out[k][j]
+            for k, member_preds in enumerate(self.model.predict(batch)):
+                parts[k].append((rows, member_preds))
+        preds = [_in_split_order(n, p) for p in parts]
         model_values.setdefault("loss", np.zeros((self.k, 0)))
         means: list[dict[str, float]] = []
         per_example: list[dict[str, np.ndarray]] = []
@@ -467,6 +478,17 @@ class BundleRun:
         self.epoch, self.step, self.rounds, self.wall_s = state["counters"]
         for m, d in zip(self.members, state["members"], strict=True):
             m.__dict__.update(d)
+
+
+def _in_split_order(n: int, parts: Sequence[tuple[np.ndarray, Sequence[Any]]]) -> Sequence[Any]:
+    """One member's predictions of a split's chunks ``(rows, predictions)`` in split order."""
+    if parts and all(isinstance(p, TokenRows) for _, p in parts):
+        return TokenRows.assemble(n, [(rows, p) for rows, p in parts])  # type: ignore[misc]
+    out: list[Any] = [None] * n
+    for rows, chunk in parts:
+        for j, r in enumerate(rows):
+            out[r] = chunk[j]
+    return out
 
 
 def render_example(data: TaskData, split: Split, i: int) -> tuple[str, str]:

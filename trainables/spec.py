@@ -85,7 +85,8 @@ class TrainConfig(FrozenConfig):
     compile: bool = False
     """Use a model's compiled fast path where it has one (costs a cold compile)."""
     eval_batch_size: int = Field(1024, ge=1)
-    """Examples per evaluation chunk."""
+    """Examples per evaluation chunk (on a CPU at most the model's ``eval_rows`` / K rows
+    for a K-seed bundle, where its throughput peaks)."""
     predictions: bool = True
     """Write per-example predictions of the test splits (the ``predictions`` table)."""
     selection: SelectionConfig = SelectionConfig()

@@ -75,6 +75,11 @@ class Model(nn.Module, ABC):
     """``bundle_size: auto`` on CPUs puts at most this many seeds in a bundle (None: no cap).
     Set it where throughput per thread stops growing with K: a bundle runs until its slowest
     member stops early, so beyond that point a bigger bundle only computes frozen members."""
+    eval_rows: ClassVar[int | None] = None
+    """On a CPU, an evaluation batch holds at most this many (member, example) rows: the
+    trainer's ``eval_batch_size`` examples per batch is capped at ``eval_rows // K`` (None:
+    no cap). Set it where a bundle's evaluation throughput peaks (its working set leaves
+    the cache beyond it)."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__()
@@ -110,8 +115,9 @@ class Model(nn.Module, ABC):
         return {"loss": self.example_losses(batch)}
 
     @abstractmethod
-    def predict(self, batch: Any) -> list[list[Any]]:
-        """Predictions, ``K`` lists of ``B`` task-level predictions (what ``Task.score`` takes)."""
+    def predict(self, batch: Any) -> list[Sequence[Any]]:
+        """Predictions, ``K`` sequences of ``B`` task-level predictions (what ``Task.score``
+        takes), e.g. lists, or :class:`~trainables.tasks.base.TokenRows` for token sequences."""
 
     def member_state(self, member: int) -> dict[str, torch.Tensor]:
         """Member ``member``'s parameters as a plain state dict (leading dim removed)."""

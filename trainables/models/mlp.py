@@ -194,7 +194,7 @@ class BundledClassifier(Model):
     def example_losses(self, batch: ClassifyBatch) -> torch.Tensor:
         return classify_losses(self.eval_logits(batch), batch.y, self.config.loss)
 
-    def predict(self, batch: ClassifyBatch) -> list[list[Any]]:
+    def predict(self, batch: ClassifyBatch) -> list[Sequence[Any]]:
         return class_probabilities(self.eval_logits(batch))  # type: ignore[return-value]
 
     def eval_logits(self, batch: ClassifyBatch) -> torch.Tensor:

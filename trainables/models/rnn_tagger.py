@@ -260,7 +260,7 @@ class RNNTagger(Model):
         se = squared_error(y, batch.y, batch.mask).sum(-1)  # (K, B)
         return se / (y.shape[-1] * batch.mask.sum(-1).clamp(min=1))
 
-    def predict(self, batch: TagBatch) -> list[list[Any]]:
+    def predict(self, batch: TagBatch) -> list[Sequence[Any]]:
         """K lists of B ``(T_i, O)`` float32 arrays of sigmoid outputs."""
         y = self.outputs(batch).detach().cpu().numpy()  # (K, B, T, O)
         lengths = batch.lengths

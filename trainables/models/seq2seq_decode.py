@@ -1,7 +1,7 @@
 """Greedy and beam-search decoding over a *stepper* (either implementation's decoder state).
 
 A stepper holds K members x N hypotheses and offers ``step(prev (K, N)) -> logits (K, N,
-V)`` and ``reorder(index (K, N))``. Both decoders run a fixed number of steps per
+V)``, ``next_tokens(prev) -> argmax tokens (K, N)`` and ``reorder(index (K, N))``. Both decoders run a fixed number of steps per
 example (the task's ``decode_len``), so a prediction includes the position where EOS
 belongs; the batch runs to its longest example and each output is cut to its own length.
 
@@ -23,6 +23,8 @@ from trainables.tasks.base import BOS, EOS
 class Stepper(Protocol):
     def step(self, prev: torch.Tensor) -> torch.Tensor: ...
 
+    def next_tokens(self, prev: torch.Tensor) -> torch.Tensor: ...
+
     def reorder(self, index: torch.Tensor) -> None: ...
 
 
@@ -33,7 +35,7 @@ def greedy_decode(stepper: Stepper, steps: torch.Tensor) -> torch.Tensor:
     out = torch.empty(k, b, t_max, dtype=torch.int64, device=steps.device)
     prev = torch.full((k, b), BOS, dtype=torch.int64, device=steps.device)
     for t in range(t_max):
-        prev = stepper.step(prev).argmax(-1)
+        prev = stepper.next_tokens(prev)
         out[:, :, t] = prev
     return out
 

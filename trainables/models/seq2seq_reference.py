@@ -160,6 +160,10 @@ class ReferenceStepper:
         u = self.engine._attend(self.m, dec, self.enc, self.src_mask)
         return self.m("out", u[:, 0]).unsqueeze(0)
 
+    def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
+        """Greedy step: prev (1, N) -> argmax tokens (1, N)."""
+        return self.step(prev).argmax(-1)
+
     def reorder(self, index: torch.Tensor) -> None:
         self.h = self.h.index_select(1, index[0])
         self.c = self.c.index_select(1, index[0])

@@ -47,7 +47,17 @@ from pydantic import model_validator
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import EOS, Role, SeqPairs, Split, Task, TaskData, Vocab
+from trainables.tasks.base import (
+    EOS,
+    Role,
+    SeqPairs,
+    Split,
+    Task,
+    TaskData,
+    Vocab,
+    padded_rows,
+    row_lengths,
+)
 from trainables.tasks.symbol_rewriting_data import (
     MAX_SYMBOLS,
     N_SPECIAL,
@@ -208,18 +218,6 @@ class DecodeLen:
         return np.asarray(src_lengths, dtype=np.int64) * self.tokens_per_symbol + 1
 
 
-def _padded(rows: Sequence[np.ndarray], width: int, fill: int = -1) -> np.ndarray:
-    """Right-pad (or cut) variable-length int rows into ``(N, width)`` int64."""
-    lens = np.fromiter((min(len(r), width) for r in rows), dtype=np.int64, count=len(rows))
-    out = np.full((len(rows), width), fill, dtype=np.int64)
-    if lens.sum():
-        flat = np.concatenate([np.asarray(r, dtype=np.int64).ravel()[:width] for r in rows])
-        row = np.repeat(np.arange(len(rows)), lens)
-        col = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
-        out[row, col] = flat
-    return out
-
-
 def score_rewrites(
     src: Sequence[np.ndarray],
     tgt: Sequence[np.ndarray],
@@ -240,11 +238,11 @@ def score_rewrites(
     n, k = len(src), n_letters
     if len(predictions) != n:
         raise ValueError(f"{len(predictions)} predictions for a split of {n} examples")
-    src_len = np.fromiter((len(s) for s in src), dtype=np.int64, count=n)
+    src_len = row_lengths(src)
     need = k * src_len  # (N,) position where EOS must be
     n_spans = int(src_len.max(initial=0)) + 1
     width = k * n_spans  # >= need + 1: every column that can decide validity
-    pred = _padded(predictions, width)  # (N, W)
+    pred = padded_rows(predictions, width)  # (N, W)
     is_eos = pred == EOS
     first_eos = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), -1)  # (N,)
     length_ok = first_eos == need
@@ -255,7 +253,7 @@ def score_rewrites(
     tok = np.where(inside & tok_ok, tok, 0)
     number = tok // (k * n_values)  # (N, W) 0-based symbol index of each token
     letter = (tok // n_values) % k  # (N, W)
-    symbols = _padded(src, n_spans) - N_SPECIAL  # (N, S) 0-based
+    symbols = padded_rows(src, n_spans) - N_SPECIAL  # (N, S) 0-based
     expected = np.repeat(symbols, k, axis=1)  # (N, W)
     numbers_ok = np.all(~inside | (number == expected), axis=1)
     bits = np.where(inside, np.left_shift(1, letter), 0).reshape(n, n_spans, k)  # (N, S, k)
@@ -263,8 +261,8 @@ def score_rewrites(
     span_inside = np.arange(n_spans)[None, :] < src_len[:, None]  # (N, S)
     letters_ok = np.all(~span_inside | (span_mask == (1 << k) - 1), axis=1)
     valid = length_ok & tokens_ok & numbers_ok & letters_ok
-    gold = _padded(tgt, width)  # (N, W)
-    gold_len = np.fromiter((len(t) for t in tgt), dtype=np.int64, count=n)
+    gold = padded_rows(tgt, width)  # (N, W)
+    gold_len = row_lengths(tgt)
     exact = (first_eos == gold_len) & np.all(~inside | (pred == gold), axis=1)
     return {"accuracy": valid.astype(np.float64), "exact": exact.astype(np.float64)}
 
@@ -417,9 +415,10 @@ class SymbolRewriting(Task):
         data = split.data
         if not isinstance(data, SeqPairs):
             raise TypeError(f"split {split.name} holds {type(data).__name__}, not SeqPairs")
+        src, tgt = data.rows()
         return score_rewrites(
-            data.src,
-            data.tgt,
+            src,
+            tgt,
             predictions,
             len(self.cfg.sub_alphabets),
             self.cfg.n_values,
