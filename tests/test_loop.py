@@ -1,7 +1,10 @@
-"""BundleRun behaviour beyond the contract test: the learning-rate schedule."""
+"""BundleRun behaviour beyond the contract test: the learning-rate schedule, evaluation batching."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 
 from trainables.loop import BundleRun, get_task
@@ -9,15 +12,15 @@ from trainables.seeding import derive_seedset
 from trainables.spec import RunSpec
 
 
-def _run(lr_halving: dict[str, float] | None) -> BundleRun:
+def _run(lr_halving: dict[str, float] | None, members: int = 2, **train: Any) -> BundleRun:
     spec = RunSpec.from_dict({
         "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 160, "val_size": 20,
                  "val_ood_size": 20, "test_size": 20, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
                  "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
         "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
-        "train": {"optimizer": "sgd", "lr": 0.8, "batch_size": 16, "lr_halving": lr_halving},
+        "train": {"optimizer": "sgd", "lr": 0.8, "batch_size": 16, "lr_halving": lr_halving, **train},
     })
-    seeds = [derive_seedset(3, i) for i in range(2)]
+    seeds = [derive_seedset(3, i) for i in range(members)]
     task = get_task(spec)
     return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
 
@@ -49,3 +52,32 @@ def test_without_a_schedule_the_lr_never_moves_and_training_applies_it() -> None
     halving.train_round()  # one epoch = 10 steps, the lr halves every 5 of them
     assert halving.step == 10
     assert halving.optimizer is not None and halving.optimizer.param_groups[0]["lr"] == pytest.approx(0.8 * 0.5**2)
+
+
+def test_evaluation_batches_are_capped_by_the_models_eval_rows_and_change_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A K-bundle evaluates at most ``eval_rows // K`` examples per batch on a CPU; how a split
+    is chunked changes no prediction and no loss beyond float rounding."""
+    run = _run(None, members=3, eval_batch_size=1000)
+    run.train_round()
+    split = run.data.splits["long"]
+    sizes: list[int] = []
+    make_batch = run.model.make_batch
+
+    def spy(data: Any, rows: Any, device: Any) -> Any:
+        sizes.append(len(rows[0]))
+        return make_batch(data, rows, device)
+
+    monkeypatch.setattr(run.model, "make_batch", spy)
+    whole = run.evaluate(split, predictions=True)
+    assert run.model.eval_rows is not None and run.model.eval_rows // 3 > len(split)
+    assert sizes == [len(split)]  # one batch: the split is smaller than the cap
+    monkeypatch.setattr(type(run.model), "eval_rows", 6)  # batches of 2
+    sizes.clear()
+    chunked = run.evaluate(split, predictions=True)
+    assert max(sizes) == 2 and sum(sizes) == len(split)
+    for k in range(3):
+        assert all(np.array_equal(a, b) for a, b in zip(whole.predictions[k], chunked.predictions[k], strict=True))
+        assert whole.means[k]["accuracy"] == chunked.means[k]["accuracy"]
+        assert whole.means[k]["loss"] == pytest.approx(chunked.means[k]["loss"], rel=1e-5)

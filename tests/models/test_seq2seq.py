@@ -466,3 +466,66 @@ def test_teacher_forced_exact_on_targets_made_from_the_models_own_greedy_output(
             assert float(out["tf_token"][0, i]) <= one_wrong + 1e-6
     assert 3 <= sum(expect) <= len(expect) - 3, "the check needs both outcomes"
     assert torch.allclose(out["loss"], m.example_losses(m.make_batch(data, rows, torch.device("cpu"))))
+
+
+# --- the evaluation form: sigmoid-only cell, token tables, fast argmax ----------------------
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
+def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float) -> None:
+    """``tanh = 2 sigmoid(2x) - 1`` with doubled g weights and a doubled cell: the same h and c."""
+    gen = torch.Generator().manual_seed(0)
+    k, t, b, h = 3, 9, 5, 4
+    xp = torch.randn(k, t, b, 4 * h, generator=gen, dtype=dtype) * 2
+    w = torch.randn(k, 4 * h, h, generator=gen, dtype=dtype) * 0.5
+    h0, c0 = (torch.randn(k, b, h, generator=gen, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        hs, cs = seq2seq_cells.lstm_sequence(xp, w, h0, c0)
+        xp2, w2 = seq2seq_cells.double_g(xp, h), seq2seq_cells.double_g(w, h, 1)
+        hs_e, cs_e = seq2seq_cells.lstm_sequence_eval(xp2, w2, h0, c0)
+    assert torch.equal(xp2[..., : 3 * h], xp[..., : 3 * h]) and torch.equal(xp2[..., 3 * h :], 2 * xp[..., 3 * h :])
+    assert rel(hs_e, hs) < tol and rel(cs_e, cs) < tol
+    assert rel(hs_e, seq2seq_cells.lstm_sequence(xp, w * 1.01, h0, c0)[0]) > 1e-4  # it can fail
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_evaluation_losses_equal_the_training_form(variant: str) -> None:
+    """Without gradients the fast engine uses its evaluation form (token tables, sigmoid-only
+    cell, doubled combine); its per-token losses and argmax hits equal the training form's."""
+    data = pairs(16, seed=8)
+    m = model(2, [3, 4], init_range=0.6, **VARIANTS[variant])
+    order = np.argsort([len(s) for s in data.src], kind="stable")
+    batch = m.make_batch(data, [order, order[::-1].copy()], torch.device("cpu"))
+    params = dict(m.named_parameters())
+    ce_train, hit_train = m.engine.token_outputs(params, batch, None, hits=True)  # grad on
+    assert ce_train.requires_grad
+    with torch.no_grad():
+        ce_eval, hit_eval = m.engine.token_outputs(params, batch, None, hits=True)
+    assert rel(ce_eval, ce_train.detach()) < 1e-5
+    assert hit_eval is not None and hit_train is not None and torch.equal(hit_eval, hit_train)
+
+
+def test_fast_argmax_equals_torch_argmax_with_ties_and_nan() -> None:
+    from trainables.models.seq2seq_fast import argmax_last
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 50, 243, generator=gen)
+    x[0, 0, [3, 7]] = 9.0  # a tie: the first wins
+    x[1, 1, 5] = float("nan")  # NaN counts as the maximum
+    x[2, 2] = 0.0  # all equal
+    x[3, 3, [0, 242]] = float("inf")
+    got = argmax_last(x)
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1))
+    assert got[0, 0] == 3 and got[1, 1] == 5 and got[2, 2] == 0 and got[3, 3] == 0
+
+
+def test_predictions_are_token_rows_of_each_examples_decode_length() -> None:
+    from trainables.tasks.base import TokenRows
+
+    data = pairs(9, seed=9)
+    m = model(2, init_range=0.6)
+    batch = m.make_batch(data, [np.arange(9), np.arange(9)[::-1].copy()], torch.device("cpu"))
+    preds = m.predict(batch)
+    assert all(isinstance(p, TokenRows) for p in preds)
+    for k, rows in enumerate([np.arange(9), np.arange(9)[::-1]]):
+        assert [len(p) for p in preds[k]] == [2 * len(data.src[r]) + 1 for r in rows]

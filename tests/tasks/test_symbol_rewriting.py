@@ -17,7 +17,7 @@ import pytest
 
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import BOS, EOS, PAD, SeqPairs, Split, TaskData
+from trainables.tasks.base import BOS, EOS, PAD, SeqPairs, Split, TaskData, TokenRows
 from trainables.tasks.symbol_rewriting import (
     PUBLISHED_FILES,
     DecodeLen,
@@ -383,6 +383,41 @@ def test_validity_on_hand_made_cases() -> None:
     assert check([*g[:5], -1, EOS])[0] == 0.0
     with pytest.raises(ValueError, match="predictions"):
         task.score(split, [])
+
+
+def test_token_rows_score_like_per_example_arrays(small: tuple[SymbolRewriting, TaskData]) -> None:
+    """Models hand over padded TokenRows; scoring them must equal scoring the arrays one by one."""
+    task, data = small
+    split = data.splits["long"]
+    rng = np.random.default_rng(3)
+    preds = with_eos(split.data.tgt)
+    for i in rng.choice(len(preds), len(preds) // 2, replace=False):  # break half of them
+        preds[i] = preds[i].copy()
+        preds[i][rng.integers(len(preds[i]))] = rng.integers(0, len(task.tgt_vocab))
+    width = max(len(p) for p in preds) + 2
+    tokens = np.full((len(preds), width), 7, dtype=np.int64)  # junk beyond each length
+    for i, p in enumerate(preds):
+        tokens[i, : len(p)] = p
+    rows = TokenRows(tokens, np.array([len(p) for p in preds]))
+    assert all(np.array_equal(rows[i], p) for i, p in enumerate(preds))
+    by_rows, by_list = task.score(split, rows), task.score(split, preds)
+    assert 0.2 < by_list["accuracy"].mean() < 0.8
+    for metric in by_list:
+        assert np.array_equal(by_rows[metric], by_list[metric]), metric
+
+
+def test_token_rows_pad_cut_and_assemble() -> None:
+    rows = TokenRows(np.array([[1, 2, 3], [4, 5, 6]]), np.array([1, 3]))
+    assert [r.tolist() for r in rows] == [[1], [4, 5, 6]]
+    assert rows.padded(2).tolist() == [[1, -1], [4, 5]]
+    assert rows.padded(4, fill=0).tolist() == [[1, 0, 0, 0], [4, 5, 6, 0]]
+    other = TokenRows(np.array([[9]]), np.array([1]))
+    whole = TokenRows.assemble(3, [(np.array([2, 0]), rows), (np.array([1]), other)])
+    assert [r.tolist() for r in whole] == [[4, 5, 6], [9], [1]]
+    with pytest.raises(ValueError, match="not given"):
+        TokenRows.assemble(4, [(np.array([2, 0]), rows)])
+    with pytest.raises(ValueError, match="lengths"):
+        TokenRows(np.zeros((2, 3), dtype=np.int64), np.array([1, 4]))
 
 
 def test_render_stops_at_eos() -> None:

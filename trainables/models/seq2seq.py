@@ -191,9 +191,10 @@ class Seq2Seq(Model):
     (``benchmarks/seq2seq_kernels.py``): beyond ~8 a bundle gains nothing per thread and
     waits longer for its slowest member under early stopping."""
     eval_rows: ClassVar[int | None] = 2048
-    """Greedy decoding and teacher-forced losses of a K=8 bundle ran 1.6x faster with 256
-    examples per batch (2,048 rows) than with 1,024 (``.scratch``-free measurement in
-    ``benchmarks/seq2seq_kernels.py --eval``); a lone run keeps its 1,024."""
+    """Greedy decoding and teacher-forced losses of a K=8 bundle on one CPU thread ran about
+    1.6x faster with 256 examples per batch (2,048 rows) than with 1,024 (8,192 rows, whose
+    logits and gate buffers leave the cache); 128 and 256 were alike. A lone run keeps 1,024
+    (``benchmarks/seq2seq_kernels.py`` decodes both ways)."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__(config, meta, k)

@@ -12,6 +12,17 @@ are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
   token list (the real target positions), not on padding; evaluation losses are made
   in cache-sized chunks of tokens.
 
+Evaluation (no gradients, no dropout: teacher-forced losses and greedy decoding) has its
+own form of the same weights (:func:`_weights` with ``evaluation``): every ``tanh`` is
+``2 sigmoid(2x) - 1`` with the weights in front of it doubled (exact), so an LSTM step is
+two sigmoids and no ``tanh`` (torch's costs about five sigmoids per element on a CPU
+core); layer 0's input projection is a lookup in a per-token table instead of a matmul;
+a decoding step attends with a multiply-and-sum instead of K * N one-row ``bmm`` calls, and
+takes its argmax with :func:`argmax_last`. With 256 examples per batch a K=8 bundle
+evaluates about 2.4x faster than with the training form at 1,024 (one CPU thread). Its
+outputs equal the training form's to ~1e-6 (tested), and bundle members still equal lone
+runs, which use the same form.
+
 A bundle member computes what a lone run computes: every member-dependent reduction
 runs over that member's own data, padded at the end (attention keys are projected
 time-major, the output bias is folded into the output gemm), so bundle and lone run
