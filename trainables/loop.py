@@ -483,7 +483,7 @@ class BundleRun:
 def _in_split_order(n: int, parts: Sequence[tuple[np.ndarray, Sequence[Any]]]) -> Sequence[Any]:
     """One member's predictions of a split's chunks ``(rows, predictions)`` in split order."""
     if parts and all(isinstance(p, TokenRows) for _, p in parts):
-        return TokenRows.assemble(n, [(rows, p) for rows, p in parts])  # type: ignore[misc]
+        return TokenRows.assemble(n, parts)  # type: ignore[arg-type]
     out: list[Any] = [None] * n
     for rows, chunk in parts:
         for j, r in enumerate(rows):

@@ -1,9 +1,10 @@
 """Greedy and beam-search decoding over a *stepper* (either implementation's decoder state).
 
 A stepper holds K members x N hypotheses and offers ``step(prev (K, N)) -> logits (K, N,
-V)``, ``next_tokens(prev) -> argmax tokens (K, N)`` and ``reorder(index (K, N))``. Both decoders run a fixed number of steps per
-example (the task's ``decode_len``), so a prediction includes the position where EOS
-belongs; the batch runs to its longest example and each output is cut to its own length.
+V)``, ``next_tokens(prev) -> argmax tokens (K, N)`` and ``reorder(index (K, N))``. Both
+decoders run a fixed number of steps per example (the task's ``decode_len``), so a
+prediction includes the position where EOS belongs; the batch runs to its longest example
+and each output is cut to its own length.
 
 Beam search (``width > 1``): a hypothesis' score is the sum of its token log-probabilities
 (no length normalisation). A hypothesis that emitted EOS is finished: it keeps its score

@@ -100,10 +100,8 @@ class PaddedPairs:
 
 
 def _pad(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
-    out = np.zeros((len(seqs), int(lengths.max(initial=0))), dtype=np.int64)
-    out[np.arange(out.shape[1]) < lengths[:, None]] = np.concatenate([*seqs, np.empty(0, np.int64)])
-    return out, lengths
+    lengths = row_lengths(seqs)
+    return padded_rows(seqs, int(lengths.max(initial=0)), fill=0), lengths
 
 
 class TokenRows(Sequence[np.ndarray]):
