@@ -78,11 +78,12 @@ def direct_bundle(raw: dict[str, Any], device: str) -> tuple[float, str]:
 
     from study.plan import seedsets
     from trainables.loop import BundleRun, get_task
+    from trainables.runtime import configure_worker
 
     cfg = parse(raw)
     point = cfg.points[0]
     seeds = seedsets(point)
-    torch.set_flush_denormal(True)
+    configure_worker(torch.get_num_threads())
     task = get_task(point.spec)
     data = task.build(seeds[0].data_seed)
     t0 = time.perf_counter()

@@ -228,7 +228,7 @@ class BundleRun:
             g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
 
     def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
-        batch = self.model.make_batch(data, rows, self.device)
+        batch = self.model.make_batch(data, self.model.train_layout(data, rows), self.device)
         active = self._active_mask()
         self._set_lr()
         if self.fused is not None:

@@ -29,6 +29,7 @@ from ray import tune
 from trainables.errors import ConfigError, DataError
 from trainables.loop import BundleRun, get_task, render_example
 from trainables.results import commit_seed, write_rows
+from trainables.runtime import configure_worker
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task, TaskData
@@ -65,8 +66,7 @@ class FinelineTrainable(tune.Trainable):
         else:
             self.unit = config["unit"]
         self.objective = self.unit.get("objective")
-        torch.set_num_threads(int(self.unit.get("threads", 1)))
-        torch.set_flush_denormal(True)
+        configure_worker(int(self.unit.get("threads", 1)))
         self.spec = RunSpec.from_dict(self.unit["spec"])
         seeds = [SeedSet(**s) for s in self.unit["seeds"]]
         task, data = self._data(seeds[0].data_seed)

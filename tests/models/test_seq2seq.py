@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from trainables.errors import ConfigError
-from trainables.models import seq2seq_cells
+from trainables.models import ckernels, seq2seq_cells
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import REDUCTIONS, Seq2Seq, Seq2SeqConfig
 from trainables.models.seq2seq_decode import beam_decode, greedy_decode
@@ -41,6 +41,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
 @pytest.fixture(autouse=True)
 def _one_thread(torch_threads: None) -> Iterator[None]:
     yield
+
+
+@pytest.fixture(params=["fused", "torch_ops"])
+def cell(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The fast model's LSTM cell on a CPU: compiled kernels (``fused``) or torch ops."""
+    monkeypatch.setenv(ckernels.SWITCH, "1" if request.param == "fused" else "0")
+    ckernels.lstm_kernels.cache_clear()
+    if request.param == "fused" and ckernels.lstm_kernels() is None:
+        pytest.skip("no working C compiler: the fused kernels are unavailable")
+    yield request.param
+    ckernels.lstm_kernels.cache_clear()
+
+
+@pytest.fixture()
+def torch_ops_cell(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The fast model's LSTM cell as torch ops (the path CUDA and compiler-less CPUs take)."""
+    monkeypatch.setenv(ckernels.SWITCH, "0")
+    ckernels.lstm_kernels.cache_clear()
+    yield
+    ckernels.lstm_kernels.cache_clear()
 
 
 def make_meta(n_tgt: int = N_TGT, decode: Any = None) -> dict[str, Any]:
@@ -199,7 +219,9 @@ def test_reductions_on_a_hand_made_batch() -> None:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("reduction", list(REDUCTIONS))
 @pytest.mark.parametrize("k", [1, 2])
-def test_fast_matches_reference_loss_and_gradients(k: int, variant: str, reduction: str) -> None:
+def test_fast_matches_reference_loss_and_gradients(
+    k: int, variant: str, reduction: str, cell: str
+) -> None:
     """Member k-1 of a fast K=k model (member 0 with other rows when K=2) vs the reference.
 
     Float32, init U(-0.5, 0.5): at the paper's 0.1 the attention is nearly uniform and
@@ -209,9 +231,11 @@ def test_fast_matches_reference_loss_and_gradients(k: int, variant: str, reducti
     fast = model(k, [9, 5][-k:], init_range=0.5, **VARIANTS[variant])
     ref = fast.to_reference(k - 1)
     assert isinstance(ref.engine, ReferenceEngine)
-    rows = [np.arange(7)]  # lengths 1-6: a padded batch
+    rows = fast.train_layout(data, [np.arange(7)])[-1:]  # lengths 1-6: a padded batch
     assert len({len(data.src[i]) for i in rows[0]}) > 2
     other = [np.arange(7, 12)[[0, 1, 2, 3, 4, 0, 1]]] * (k - 1)  # another member's own rows
+    batch = fast.make_batch(data, other + rows, torch.device("cpu"))
+    assert min(batch.tgt_active) < 7  # ended rows are skipped
     lf, gf = loss_and_grads(fast, data, other + rows, [41] * (k - 1) + [42], reduction)
     lr, gr = loss_and_grads(ref, data, rows, [42], reduction)
     assert rel(lf[-1], lr[0]) < 1e-6
@@ -236,10 +260,10 @@ def test_fast_matches_reference_exactly_in_float64(variant: str) -> None:
 
 @pytest.mark.parametrize("chunk_floats", [1, 1000])  # 1 and 4 steps per chunk
 def test_backward_chunking_does_not_change_gradients(
-    chunk_floats: int, monkeypatch: pytest.MonkeyPatch
+    chunk_floats: int, monkeypatch: pytest.MonkeyPatch, torch_ops_cell: None
 ) -> None:
-    """The cell's backward computes gate derivatives per chunk of steps (sized for cache);
-    one step per chunk, or a few, must give the gradients of one chunk for everything."""
+    """The torch-ops cell's backward computes gate derivatives per chunk of steps (sized for
+    cache); one step per chunk, or a few, must give the gradients of one chunk for everything."""
     data = pairs(12, seed=9)
     m = model(2, bidirectional=True)
     rows = [np.arange(6), np.arange(6, 12)]
@@ -269,7 +293,7 @@ def test_padding_never_changes_a_members_loss_or_gradient() -> None:
     assert torch.allclose(el_a[0], el_b[0], rtol=1e-5)
 
 
-def test_bundle_member_training_equals_lone_and_reference_runs() -> None:
+def test_bundle_member_training_equals_lone_and_reference_runs(cell: str) -> None:
     """200 SGD steps (lr 0.125, per-member clip 5, dropout 0.1, own batches per member).
 
     Paper sizes (32/32): with the summed loss every update is clipped to norm 5, and at
@@ -289,7 +313,7 @@ def test_bundle_member_training_equals_lone_and_reference_runs() -> None:
         first_losses: list[float] = []
         norms = torch.zeros(len(members))
         for step in range(steps):
-            rows = [r.choice(len(data), batch, replace=False) for r in rngs]
+            rows = m.train_layout(data, [r.choice(len(data), batch, replace=False) for r in rngs])
             opt.zero_grad(set_to_none=True)
             losses = m.loss(m.make_batch(data, rows, torch.device("cpu")), noise, "sum")
             losses.sum().backward()

@@ -100,6 +100,12 @@ class Model(nn.Module, ABC):
         All members get the same number of rows.
         """
 
+    def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each member's training rows in the order its batch lays them out (default: as
+        drawn). The order within a batch changes no loss; a model may pick one it computes
+        faster (seq2seq: longest targets first). Only a member's own rows may decide its order."""
+        return list(rows)
+
     @abstractmethod
     def loss(self, batch: Any, noise: MemberNoise | None, reduction: str) -> torch.Tensor:
         """Training loss per member, ``(K,)``. ``noise`` is None in evaluation."""

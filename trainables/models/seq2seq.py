@@ -67,7 +67,7 @@ from trainables.models.seq2seq_layout import (
 )
 from trainables.models.seq2seq_reference import ReferenceEngine
 from trainables.registry import MODELS
-from trainables.tasks.base import SplitData, TokenRows
+from trainables.tasks.base import SeqPairs, SplitData, TokenRows
 
 
 class Seq2SeqConfig(FrozenConfig):
@@ -259,6 +259,15 @@ class Seq2Seq(Model):
     ) -> Seq2SeqBatch:
         assert len(rows) == self.k, f"expected rows for {self.k} members, got {len(rows)}"
         return collate(data, rows, device, self.cfg.reverse_source, self.decode_len)
+
+    def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each member's rows by decreasing target length (stable): the sequences that end
+        first are then the last rows, which the fast LSTM stops computing once they have
+        ended (:attr:`Seq2SeqBatch.tgt_active`), about a fifth of its work here."""
+        if not isinstance(data, SeqPairs):
+            raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
+        lengths = data.padded().tgt[1]
+        return [r[np.argsort(-lengths[r], kind="stable")] for r in rows]
 
     def _params(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters())

@@ -8,6 +8,16 @@ input projection need no transposes.
 Gates are kept in the internal order **o, i, f, g** (torch: i, f, g, o; rows permuted by
 :func:`prepare_gates`): the three gates whose gradient scales with ``dc`` are adjacent.
 
+**Two implementations of a step.** On a CPU (float32) a time step is one ``baddbmm``
+and one call of the compiled C cell (:mod:`ckernels`, ``kernels/lstm_cell.c``) forward,
+one kernel call and one ``bmm`` backward; there, with ``active``, step t computes only the
+first ``active[t]`` rows of each member (training batches list the longest sequences
+first, so rows whose sequence has ended are a suffix; their outputs stay 0 and get no
+gradient). Elsewhere (CUDA, float64, or no C compiler) the step is the torch ops below,
+over all rows. The two agree to float rounding (~1e-7 relative; tested). Measured on one
+CPU thread at K=8, B=64, T=31, H=32 (decoder, forward + backward): torch ops 19.8 ms,
+compiled cell 12.4 ms, compiled cell skipping ended rows 10.6 ms.
+
 **Why a custom autograd.Function.** Autograd over a Python time loop records about ten
 nodes per step, and writing outputs into a preallocated buffer under autograd adds a
 ``CopySlices`` node per step whose backward clones the whole buffer (quadratic in T).
@@ -39,6 +49,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from trainables.models.ckernels import LSTMKernels, ptr, usable
 
 CHUNK_FLOATS = 65536
 """Backward gate derivatives are computed for chunks of about this many gate values."""
@@ -86,19 +98,31 @@ def cell_step(
 
 
 class LSTMSequence(torch.autograd.Function):
-    """One bundled LSTM layer over T steps: (xp, w_hh, h0, c0) -> (hs, cs).
+    """One bundled LSTM layer over T steps: (xp, w_hh, h0, c0, active) -> (hs, cs).
 
     xp (K, T, B, 4H) input projections incl. both biases and w_hh (K, 4H, H), both in our
     gate order (:func:`prepare_gates`); h0, c0 (K, B, H). Returns every step's hidden and
     cell state (K, T, B, H) (cs so callers can take each sequence's own last cell state).
+    ``active`` (T ints, or None for all rows): rows each step must compute, a prefix; the
+    compiled path skips the rest (see the module doc), the torch-ops path computes all.
     Per-step views are made once with ``unbind`` (slicing inside the loop costs as much
     as the arithmetic at these sizes).
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, xp: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+        ctx: Any,
+        xp: torch.Tensor,
+        w_hh: torch.Tensor,
+        h0: torch.Tensor,
+        c0: torch.Tensor,
+        active: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        kern = usable(xp)
+        ctx.active = active
+        if kern is not None:
+            return _fused_forward(ctx, kern, xp, w_hh, h0, c0, active)
+        ctx.fused = None
         k, t_len, b, g4 = xp.shape
         hid = g4 // 4
         w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
@@ -127,7 +151,9 @@ class LSTMSequence(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, dhs: torch.Tensor | None, dcs: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        if ctx.fused is not None:
+            return (*_fused_backward(ctx, dhs, dcs), None)
         act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
         k, t_len, b, g4 = act.shape
         hid = g4 // 4
@@ -161,7 +187,78 @@ class LSTMSequence(torch.autograd.Function):
         d_w_hh = torch.bmm(
             d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.view(k, t_len * b, hid)
         )
-        return d_gates, d_w_hh, dh, dc
+        return d_gates, d_w_hh, dh, dc, None
+
+
+def _fused_forward(
+    ctx: Any,
+    kern: LSTMKernels,
+    xp: torch.Tensor,
+    w_hh: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    active: tuple[int, ...] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`LSTMSequence`'s forward with the C cell (:mod:`ckernels`): per step one
+    ``baddbmm`` and one kernel call, over the first ``active[t]`` rows of each member only.
+    Rows past that stay 0 in every output (their sequences have ended)."""
+    k, t_len, b, g4 = xp.shape
+    hid = g4 // 4
+    w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
+    act = xp.new_zeros(k, t_len, b, g4)  # gate activations o, i, f, g
+    hs = xp.new_zeros(k, t_len, b, hid)
+    cs, tcs = torch.zeros_like(hs), torch.zeros_like(hs)  # cell states, tanh(c)
+    h0, c0 = h0.contiguous(), c0.contiguous()
+    z = xp.new_empty(k * b * g4)
+    ks_g, ks_h = t_len * b * g4, t_len * b * hid  # member strides of the (K, T, B, .) buffers
+    xps, hss = xp.unbind(1), hs.unbind(1)
+    h, c_ptr, c_ks = h0, ptr(c0), b * hid
+    for t in range(t_len):
+        n = b if active is None else active[t]
+        zt = z[: k * n * g4].view(k, n, g4)
+        torch.baddbmm(xps[t][:, :n], h[:, :n], w_hh_t, out=zt)
+        at, ct = ptr(act) + 4 * t * b * g4, ptr(cs) + 4 * t * b * hid
+        kern.fwd_step(k, n, hid, ptr(zt), n * g4, c_ptr, c_ks, at, ks_g,
+                      ct, ptr(tcs) + 4 * t * b * hid, ptr(hs) + 4 * t * b * hid, ks_h)
+        h, c_ptr, c_ks = hss[t], ct, ks_h
+    ctx.fused = kern
+    ctx.save_for_backward(act, hs, cs, tcs, h0, c0, w_hh)
+    ctx.set_materialize_grads(False)
+    return hs, cs
+
+
+def _fused_backward(
+    ctx: Any, dhs: torch.Tensor | None, dcs: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of :func:`_fused_forward`: per step one kernel call (gate gradients and
+    the cell gradient through the forget gate) and one ``bmm`` (dh through ``W_hh``)."""
+    kern: LSTMKernels = ctx.fused
+    active: tuple[int, ...] | None = ctx.active
+    act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
+    k, t_len, b, g4 = act.shape
+    hid = g4 // 4
+    ks_g, ks_h = t_len * b * g4, t_len * b * hid
+    d_gates = torch.zeros_like(act)  # (K, T, B, 4H); 0 where a row's sequence has ended
+    dh, dc = hs.new_zeros(k, b, hid), hs.new_zeros(k, b, hid)
+    dhs = dhs.contiguous() if dhs is not None else None
+    dcs = dcs.contiguous() if dcs is not None else None
+    d_all = d_gates.unbind(1)
+    for t in range(t_len - 1, -1, -1):
+        n = b if active is None else active[t]
+        off_h = 4 * t * b * hid
+        c_prev, cp_ks = (ptr(c0), b * hid) if t == 0 else (ptr(cs) + off_h - 4 * b * hid, ks_h)
+        kern.bwd_step(
+            k, n, hid, ptr(dh), ptr(dc), b * hid,
+            None if dhs is None else ptr(dhs) + off_h, None if dcs is None else ptr(dcs) + off_h,
+            ks_h, ptr(act) + 4 * t * b * g4, ks_g, ptr(tcs) + off_h, ks_h, c_prev, cp_ks,
+            ptr(d_gates) + 4 * t * b * g4, ks_g,
+        )
+        torch.bmm(d_all[t][:, :n], w_hh, out=dh[:, :n])
+    h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)
+    d_w_hh = torch.bmm(
+        d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.view(k, t_len * b, hid)
+    )
+    return d_gates, d_w_hh, dh, dc
 
 
 def _gate_derivatives(
@@ -242,8 +339,12 @@ def lstm_sequence_eval(
 
 
 def lstm_sequence(
-    xp: torch.Tensor, w_hh: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+    xp: torch.Tensor,
+    w_hh: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    active: tuple[int, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Typed wrapper of :class:`LSTMSequence` (see there for shapes)."""
-    out = LSTMSequence.apply(xp, w_hh, h0, c0)
+    """Typed wrapper of :class:`LSTMSequence` (see there for shapes and ``active``)."""
+    out = LSTMSequence.apply(xp, w_hh, h0, c0, active)
     return out[0], out[1]

@@ -90,11 +90,18 @@ class _Weights:
     """Evaluation: the same for decoder layer 0 over target tokens (K * Vt, 4Hd)."""
 
     def lstm(
-        self, xp: torch.Tensor, layer: _Layer, h0: torch.Tensor, c0: torch.Tensor
+        self,
+        xp: torch.Tensor,
+        layer: _Layer,
+        h0: torch.Tensor,
+        c0: torch.Tensor,
+        active: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer over all steps: xp (K, T, B, 4H) -> hs, cs (K, T, B, H)."""
-        run = lstm_sequence_eval if self.evaluation else lstm_sequence
-        return run(xp, layer.w_hh, h0, c0)
+        """One layer over all steps: xp (K, T, B, 4H) -> hs, cs (K, T, B, H); in training,
+        step t computes only the first ``active[t]`` rows (all where empty)."""
+        if self.evaluation:
+            return lstm_sequence_eval(xp, layer.w_hh, h0, c0)
+        return lstm_sequence(xp, layer.w_hh, h0, c0, active or None)
 
     def tanh_(self, x: torch.Tensor) -> torch.Tensor:
         """tanh of a pre-activation made with the combine weights (doubled in evaluation)."""
@@ -194,7 +201,7 @@ class FastEngine(Engine):
                     xp = _embed(w.src_table[d], ids if d == 0 else ids.gather(1, rev), a.src_vocab)
                 else:
                     xp = _project(x if d == 0 else _time_gather(x, rev), cell)
-                hs, cs = w.lstm(xp, cell, zeros, zeros)  # (K, S, B, H)
+                hs, cs = w.lstm(xp, cell, zeros, zeros, batch.src_active)  # (K, S, B, H)
                 finals.append((hs.gather(1, last).squeeze(1), cs.gather(1, last).squeeze(1)))
                 outs.append(hs if d == 0 else _time_gather(hs, rev))
             x = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
@@ -236,7 +243,7 @@ class FastEngine(Engine):
             mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.emb)
             if mask is not None:
                 y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.emb))
-        y = self.decoder(w, y, h_fin, c_fin)  # (K, T, B, Hd)
+        y = self.decoder(w, y, h_fin, c_fin, batch.tgt_active)  # (K, T, B, Hd)
         hd = a.dec_hidden
         q = y.transpose(1, 2).contiguous()  # (K, B, T, Hd)
         pos = batch.tok_pos.view(-1)
@@ -296,7 +303,12 @@ class FastEngine(Engine):
         return ce_all, torch.cat(hit_parts, 1) if hits else None
 
     def decoder(
-        self, w: _Weights, y: torch.Tensor, h_fin: list[torch.Tensor], c_fin: list[torch.Tensor]
+        self,
+        w: _Weights,
+        y: torch.Tensor,
+        h_fin: list[torch.Tensor],
+        c_fin: list[torch.Tensor],
+        active: tuple[int, ...] = (),
     ) -> torch.Tensor:
         """Teacher-forced decoder LSTM layers: y (K, T, B, E) -> top-layer states (K, T, B, Hd)
         (in evaluation y is layer 0's input projections (K, T, B, 4Hd), from the table).
@@ -308,7 +320,7 @@ class FastEngine(Engine):
         """
         for n, (layer, h0, c0) in enumerate(zip(w.decoder, h_fin, c_fin, strict=True)):
             xp = y if n == 0 and w.tgt_table is not None else _project(y, layer)
-            y, _ = w.lstm(xp, layer, h0, c0)
+            y, _ = w.lstm(xp, layer, h0, c0, active)
         return y
 
     @staticmethod

@@ -153,6 +153,12 @@ class Seq2SeqBatch:
     (padding stays in place); its own inverse."""
     decode_steps: np.ndarray
     """(K, B) int64 greedy decoding steps per example (task meta ``decode_len``)."""
+    src_active: tuple[int, ...] = ()
+    """Per encoder step s, the rows every member must compute: the shortest prefix of the
+    batch holding all of its examples with a source longer than s. The fast LSTM skips
+    the rows past it (training batches list each member's longest targets first)."""
+    tgt_active: tuple[int, ...] = ()
+    """The same per decoder step t for the decoder positions (target length + 1)."""
 
 
 def collate(
@@ -232,7 +238,17 @@ def collate(
         tok_list_pos=as_t(kk * n + j),
         src_rev=as_t(src_rev),
         decode_steps=np.asarray(decode_len(ls.ravel()), dtype=np.int64).reshape(k, b),
+        src_active=active_rows(src_mask),
+        tgt_active=active_rows(tgt_mask),
     )
+
+
+def active_rows(mask: np.ndarray) -> tuple[int, ...]:
+    """mask (K, B, T) -> per step t the length of the shortest row prefix that holds every
+    member's True entries of column t (0 where there is none)."""
+    hit = mask.any(0)  # (B, T)
+    last = np.where(hit, np.arange(mask.shape[1])[:, None], -1).max(0)  # (T,)
+    return tuple(int(n) + 1 for n in last)
 
 
 def dropout_masks(

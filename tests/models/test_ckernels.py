@@ -1,0 +1,163 @@
+"""The compiled LSTM cell (trainables/models/kernels/lstm_cell.c) against the torch-ops cell,
+skipping ended rows, its build cache and its fallback where no compiler works."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainables.models import ckernels
+from trainables.models.ckernels import lstm_kernels, ptr
+from trainables.models.seq2seq_cells import lstm_sequence
+from trainables.models.seq2seq_layout import active_rows
+from trainables.runtime import keep_freed_memory
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernels(torch_threads: None) -> Iterator[None]:
+    """Each test looks the kernels up anew, and leaves no cached answer behind."""
+    lstm_kernels.cache_clear()
+    yield
+    lstm_kernels.cache_clear()
+
+
+def kernels() -> ckernels.LSTMKernels:
+    kern = lstm_kernels()
+    if kern is None:
+        pytest.skip("no working C compiler: the fused kernels are unavailable")
+    return kern
+
+
+def run_cell(
+    fused: bool, monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int, int, int],
+    active: tuple[int, ...] | None = None,
+    live: tuple[int, ...] | None = None,
+) -> list[torch.Tensor]:
+    """hs, cs and the gradients of xp, w_hh, h0, c0 for fixed random inputs; the upstream
+    gradient is zero on rows past ``live`` (as the model's is on ended sequences)."""
+    monkeypatch.setenv(ckernels.SWITCH, "1" if fused else "0")
+    lstm_kernels.cache_clear()
+    k, t, b, h = shape
+    g = torch.Generator().manual_seed(0)
+    xp = torch.randn(k, t, b, 4 * h, generator=g).requires_grad_()
+    w = (torch.randn(k, 4 * h, h, generator=g) * 0.5).requires_grad_()
+    h0 = torch.randn(k, b, h, generator=g).requires_grad_()
+    c0 = torch.randn(k, b, h, generator=g).requires_grad_()
+    up_h, up_c = torch.randn(k, t, b, h, generator=g), torch.randn(k, t, b, h, generator=g)
+    if live is not None:
+        keep = torch.zeros(1, t, b, 1)
+        for step, n in enumerate(live):
+            keep[:, step, :n] = 1.0
+        up_h, up_c = up_h * keep, up_c * keep
+    hs, cs = lstm_sequence(xp, w, h0, c0, active)
+    ((hs * up_h).sum() + (cs * up_c).sum()).backward()
+    assert xp.grad is not None and w.grad is not None and h0.grad is not None and c0.grad is not None
+    return [hs.detach(), cs.detach(), xp.grad, w.grad, h0.grad, c0.grad]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5, 4), (2, 6, 9, 32), (1, 5, 3, 37)])
+def test_fused_cell_equals_the_torch_ops_cell(
+    shape: tuple[int, int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forward states and every gradient, H below, at and above one vector width."""
+    kernels()
+    fused = run_cell(True, monkeypatch, shape)
+    ops = run_cell(False, monkeypatch, shape)
+    for name, a, b in zip(["hs", "cs", "d_xp", "d_w_hh", "d_h0", "d_c0"], fused, ops, strict=True):
+        assert rel(a, b) < 2e-6, name
+    assert rel(fused[3], ops[3] * 1.0001) > 5e-5  # the comparison can fail
+
+
+def test_skipping_ended_rows_changes_no_live_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``active`` the fused cell computes only each step's row prefix: the live
+    positions and all gradients equal the full computation's, skipped positions are 0."""
+    kernels()
+    shape = (3, 6, 5, 8)
+    active = (5, 5, 4, 2, 2, 1)
+    part = run_cell(True, monkeypatch, shape, active, live=active)
+    full = run_cell(True, monkeypatch, shape, None, live=active)
+    live = torch.zeros(1, 6, 5, 1, dtype=torch.bool)
+    for step, n in enumerate(active):
+        live[:, step, :n] = True
+    for a, b in zip(part[:2], full[:2], strict=True):
+        assert rel(a * live, b * live) < 1e-6
+        assert torch.count_nonzero(a * ~live) == 0
+    for name, a, b in zip(["d_xp", "d_w_hh", "d_h0", "d_c0"], part[2:], full[2:], strict=True):
+        assert rel(a, b) < 1e-6, name
+
+
+@pytest.mark.parametrize("hidden", [5, 32])
+def test_a_rows_result_does_not_depend_on_its_place_in_the_block(hidden: int) -> None:
+    """What a bundle member's bit-identity to its lone run needs: a row gives the same bits
+    computed alone or as the 4th of a block of 7 (H = 5 runs the scalar remainder only)."""
+    kern = kernels()
+    g = torch.Generator().manual_seed(1)
+    h = hidden
+    z, c = torch.randn(7, 4 * h, generator=g) * 3, torch.randn(7, h, generator=g)
+
+    def forward(rows: slice) -> torch.Tensor:
+        zz, cc = z[rows].contiguous(), c[rows].contiguous()
+        n = zz.shape[0]
+        act, out = torch.empty(n, 4 * h), torch.empty(3, n, h)
+        kern.fwd_step(1, n, h, ptr(zz), 0, ptr(cc), 0, ptr(act), 0,
+                      ptr(out[0]), ptr(out[1]), ptr(out[2]), 0)
+        return torch.cat([act, out.permute(1, 0, 2).reshape(n, 3 * h)], 1)
+
+    block, alone = forward(slice(0, 7)), forward(slice(3, 4))
+    assert torch.equal(block[3], alone[0])
+    act = block[:, : 4 * h]
+    want = torch.cat([torch.sigmoid(z[:, : 3 * h]), torch.tanh(z[:, 3 * h :])], 1)
+    assert rel(act, want) < 1e-6
+
+
+def test_active_rows_of_a_hand_made_mask() -> None:
+    # member 0: rows of lengths 3, 1, 0; member 1: 2, 2, 1 -> prefixes 2+1, 3, 1 rows
+    lengths = np.array([[3, 1, 0], [2, 2, 1]])
+    mask = np.arange(3) < lengths[..., None]  # (K, B, T)
+    assert active_rows(mask) == (3, 2, 1)
+    assert active_rows(np.zeros((1, 2, 2), dtype=bool)) == (0, 0)
+
+
+def test_switch_turns_the_kernels_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ckernels.SWITCH, "0")
+    assert lstm_kernels() is None
+    assert ckernels.usable(torch.zeros(1)) is None
+
+
+def test_build_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FINELINE_CACHE", str(tmp_path))
+    first = kernels()
+    built = sorted((tmp_path / "kernels").iterdir())
+    assert [p.suffix for p in built] == [".so"] and first.path == built[0]
+    stamp = built[0].stat().st_mtime_ns
+    lstm_kernels.cache_clear()
+    again = kernels()
+    assert again.path == first.path and again.path.stat().st_mtime_ns == stamp  # not rebuilt
+    assert ckernels.usable(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
+
+
+def test_a_failing_compiler_warns_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FINELINE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exits 1: a compiler that cannot build anything
+    with pytest.warns(RuntimeWarning, match="runs as torch ops"):
+        assert lstm_kernels() is None
+    assert list((tmp_path / "kernels").iterdir()) == []  # no half-written library left
+    xp, c0 = torch.randn(1, 1, 3, 8), torch.randn(1, 3, 2)  # one step, W_hh = 0
+    hs, cs = lstm_sequence(xp, torch.zeros(1, 8, 2), torch.zeros(1, 3, 2), c0)
+    o, i, f, _ = xp[0, 0].sigmoid().split(2, -1)  # gate order o, i, f, g
+    c = f * c0[0] + i * xp[0, 0, :, 6:].tanh()
+    assert rel(cs[0, 0], c) < 1e-6 and rel(hs[0, 0], o * c.tanh()) < 1e-6
+
+
+def test_freed_memory_is_kept_on_linux() -> None:
+    import sys
+
+    assert keep_freed_memory() is sys.platform.startswith("linux")

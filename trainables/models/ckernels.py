@@ -1,0 +1,136 @@
+"""Fused CPU kernels for the seq2seq LSTM cell, compiled at first use.
+
+:file:`kernels/lstm_cell.c` holds one LSTM time step forward and backward as plain C loops
+(see its header). It is compiled once per machine with the system C compiler (``cc``, or
+``$CC``) for this CPU (``-march=native``) into ``$FINELINE_CACHE`` (default
+``~/.cache/fineline``)``/kernels``, in a file named by a hash of the source, the flags,
+the compiler and the CPU, written atomically (several Ray workers may build it at once:
+the last rename wins, and every build is the same). Loading it takes milliseconds, a
+cold build about a second.
+
+Where no compiler is found or the build fails, :func:`lstm_kernels` returns None (with
+one warning) and the cell runs as torch ops, which compute the same to float rounding.
+``FINELINE_CPU_KERNELS=0`` turns the kernels off (the tests run both ways).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels") / "lstm_cell.c"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
+SWITCH = "FINELINE_CPU_KERNELS"
+"""Environment variable: ``0`` runs the LSTM cell as torch ops even where a compiler exists."""
+
+_F = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_long
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$FINELINE_CACHE/kernels`` (default ``~/.cache/fineline``)."""
+    root = os.environ.get("FINELINE_CACHE") or Path.home() / ".cache" / "fineline"
+    return Path(root) / "kernels"
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the machine and, on Linux, the CPU's flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {flags}"
+
+
+class LSTMKernels:
+    """ctypes bindings of :file:`kernels/lstm_cell.c` (see there for the arguments)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self.fwd_step = lib.lstm_fwd_step
+        self.fwd_step.argtypes = [_I, _I, _I, _F, _L, _F, _L, _F, _L, _F, _F, _F, _L]
+        self.fwd_step.restype = None
+        self.bwd_step = lib.lstm_bwd_step
+        self.bwd_step.argtypes = [_I, _I, _I, _F, _F, _L, _F, _F, _L, _F, _L, _F, _L, _F, _L, _F, _L]
+        self.bwd_step.restype = None
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", tmp],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def lstm_kernels() -> LSTMKernels | None:
+    """The compiled kernels, built on first use; None where they cannot be (see module doc)."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        warnings.warn(
+            "fineline: no C compiler found (cc, gcc or $CC): the seq2seq LSTM cell runs as "
+            "torch ops, about 1.5x slower on a CPU. Install gcc to build its fused kernels.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+        key = hashlib.sha256(
+            "\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature()]).encode()
+        ).hexdigest()[:16]
+        path = cache_dir() / f"lstm_cell-{key}.so"
+        if not path.exists():
+            _build(compiler, path)
+        return LSTMKernels(ctypes.CDLL(str(path)), path)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = e.stderr if isinstance(e, subprocess.CalledProcessError) else e
+        warnings.warn(
+            f"fineline: building the fused LSTM kernels with {compiler} failed ({detail}); the "
+            f"seq2seq LSTM cell runs as torch ops. Set {SWITCH}=0 to skip the attempt.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+def usable(x: torch.Tensor) -> LSTMKernels | None:
+    """The kernels where ``x`` is a float32 CPU tensor and they are available, else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    return lstm_kernels()
+
+
+def ptr(x: torch.Tensor) -> int:
+    """Address of ``x``'s first element."""
+    return int(x.data_ptr())

@@ -1,0 +1,47 @@
+"""Process settings of a training worker, made in one place.
+
+A trial's process trains one bundle on ``threads`` CPU threads. Besides torch's thread
+count it flushes denormals to zero (tiny gradients otherwise take a slow path) and, on
+glibc, keeps freed memory for reuse instead of handing it back to the kernel: a training
+step allocates tens of MB of short-lived activations, and without this each step's large
+buffers come back as fresh pages, so writing them first costs a page fault per 4 KiB
+(about 6% of a seq2seq step at K=8; ``benchmarks/seq2seq_kernels.py``). The process then
+keeps its peak memory until it exits, as Ray's workers are meant to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import sys
+
+import torch
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+KEEP_BYTES = 1 << 30
+"""Allocations below this come from the heap, and up to this much free heap is kept."""
+
+
+def configure_worker(threads: int) -> None:
+    """Set torch's thread count, flush denormals and keep freed memory (see module doc)."""
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    keep_freed_memory()
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """glibc only (elsewhere a no-op returning False): raise malloc's mmap and trim
+    thresholds so freed blocks are reused instead of unmapped. True when both were set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
