@@ -6,11 +6,13 @@ LSTM 32, bilinear attention, dropout 0.1), batch 64 per member, SGD lr 0.125 wit
 per-member clipping at 5, summed loss: the trainer's generic step.
 
 Prints samples/s for training (bundle: seed-samples/s, i.e. K * 64 per step) for the
-reference implementation (K=1) and the fast one (K=1, 4, 16), and the time to
-greedy-decode and score the losses of 17k examples (lengths 1-15, as the six
+reference implementation (K=1) and the fast one (K=1, 8, 16; at K=8 with its LSTM cell
+as torch ops and as the compiled C cell, ``trainables/models/ckernels.py``), and the time
+to greedy-decode and score the losses of 17k examples (lengths 1-15, as the six
 symbol-rewriting evaluation splits) per member: reference, fast K=1, and fast K=8 with
-1,024 examples per batch and with the trainer's cap (``Seq2Seq.eval_rows``). There is no compiled variant: see ``trainables/models/seq2seq_cells.py`` for
-what torch.compile was measured to do.
+1,024 examples per batch and with the trainer's cap (``Seq2Seq.eval_rows``). There is no
+torch.compile variant: see ``trainables/models/seq2seq_cells.py`` for what it was measured
+to do.
 
     python -m benchmarks.seq2seq_kernels [--steps 60] [--repeats 3] [--threads 1]
 
@@ -22,13 +24,16 @@ but shared caches still slow a loaded machine down.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 import torch
 
+from trainables.models import ckernels
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from trainables.runtime import configure_worker
 from trainables.seeding import torch_generator
 from trainables.tasks.base import SeqPairs, Vocab
 
@@ -64,8 +69,8 @@ def build(k: int, impl: str) -> Seq2Seq:
 class TrainCase:
     """One model trained with the trainer's generic step on its own random batches."""
 
-    def __init__(self, k: int, impl: str, data: SeqPairs) -> None:
-        self.k, self.impl, self.data = k, impl, data
+    def __init__(self, k: int, impl: str, data: SeqPairs, cell: str = "fused") -> None:
+        self.k, self.impl, self.data, self.cell = k, impl, data, cell
         self.model = build(k, impl)
         self.rngs = [np.random.default_rng(i) for i in range(k)]
         self.noise = MemberNoise([7 + i for i in range(k)])
@@ -74,7 +79,7 @@ class TrainCase:
 
     def step(self) -> None:
         k, model = self.k, self.model
-        rows = [r.integers(0, len(self.data), BATCH) for r in self.rngs]
+        rows = model.train_layout(self.data, [r.integers(0, len(self.data), BATCH) for r in self.rngs])
         batch = model.make_batch(self.data, rows, torch.device("cpu"))
         self.opt.zero_grad(set_to_none=True)
         model.loss(batch, self.noise, "sum").sum().backward()
@@ -86,6 +91,12 @@ class TrainCase:
         self.opt.step()
 
 
+def use_cell(cell: str) -> None:
+    """The fast model's CPU LSTM cell from now on: ``fused`` (compiled C) or ``torch_ops``."""
+    os.environ[ckernels.SWITCH] = "1" if cell == "fused" else "0"
+    ckernels.lstm_kernels.cache_clear()
+
+
 def train_rates(
     cases: list[TrainCase], steps: int, warmup: int, repeats: int
 ) -> list[tuple[float, float]]:
@@ -93,11 +104,13 @@ def train_rates(
     ``steps`` steps each, ``repeats`` times, and keep their best turn: every case sees
     the same machine load."""
     for case in cases:
+        use_cell(case.cell)
         for _ in range(warmup):
             case.step()
     best = [(float("inf"), float("inf"))] * len(cases)
     for _ in range(repeats):
         for i, case in enumerate(cases):
+            use_cell(case.cell)
             t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 case.step()
@@ -149,12 +162,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
+    configure_worker(args.threads)
     data = symbol_rewriting_like(20_000, (5, 10), seed=1)
     cases = [
-        TrainCase(k, impl, data)
-        for impl, k in [("reference", 1), ("fast", 1), ("fast", 4), ("fast", 16)]
+        TrainCase(k, impl, data, cell)
+        for impl, k, cell in [
+            ("reference", 1, "-"), ("fast", 1, "fused"), ("fast", 8, "torch_ops"),
+            ("fast", 8, "fused"), ("fast", 16, "fused"),
+        ]
     ]
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), batch {BATCH}/member, paper config"
@@ -162,12 +177,12 @@ def main() -> None:
     print(
         "training, seed-samples/s (K x 64 per step); 'cpu' = per second of this thread's CPU time"
     )
-    print(f"{'impl':<10}{'K':>4}{'wall':>10}{'cpu':>10}{'cpu/seed':>10}{'vs ref':>8}")
+    print(f"{'impl':<10}{'cell':<10}{'K':>4}{'wall':>10}{'cpu':>10}{'cpu/seed':>10}{'vs ref':>8}")
     rates = train_rates(cases, args.steps, args.warmup, args.repeats)
     for case, (wall, cpu) in zip(cases, rates, strict=True):
         ratio = cpu / rates[0][1]
         print(
-            f"{case.impl:<10}{case.k:>4}{wall:>10,.0f}{cpu:>10,.0f}{cpu / case.k:>10,.0f}{ratio:>7.2f}x"
+            f"{case.impl:<10}{case.cell:<10}{case.k:>4}{wall:>10,.0f}{cpu:>10,.0f}{cpu / case.k:>10,.0f}{ratio:>7.2f}x"
         )
     if not args.no_decode:
         print(
