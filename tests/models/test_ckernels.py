@@ -142,6 +142,7 @@ def test_build_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyP
     again = kernels()
     assert again.path == first.path and again.path.stat().st_mtime_ns == stamp  # not rebuilt
     assert ckernels.usable(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
+    assert ckernels.usable(torch.zeros(1), ckernels.MAX_HIDDEN + 1) is None
 
 
 def test_a_failing_compiler_warns_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

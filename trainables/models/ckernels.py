@@ -124,9 +124,14 @@ def lstm_kernels() -> LSTMKernels | None:
         return None
 
 
-def usable(x: torch.Tensor) -> LSTMKernels | None:
-    """The kernels where ``x`` is a float32 CPU tensor and they are available, else None."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
+MAX_HIDDEN = 1024
+"""Largest hidden size the kernels take (the backward's zero row, ``lstm_cell.c``)."""
+
+
+def usable(x: torch.Tensor, hidden: int = 1) -> LSTMKernels | None:
+    """The kernels for a cell of ``hidden`` units on ``x`` (float32, CPU) where they are
+    available, else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or hidden > MAX_HIDDEN:
         return None
     return lstm_kernels()
 

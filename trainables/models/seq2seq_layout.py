@@ -21,8 +21,9 @@ and the reference draw the same masks): each loss call draws, per member from it
 generator, uniform numbers for exactly that member's *non-padding* positions in
 (example, time) order: (1) source embeddings ``(src tokens, E)``, (2) decoder-input
 embeddings ``(target tokens + EOS, E)``, (3) the attentional state before the output
-layer ``(target tokens + EOS, dec_hidden)``. That canonical shape depends only on the
-member's own batch, never on the padding of the bundle, and skips the padding a
+layer ``(target tokens + EOS, dec_hidden)``. "Example" order is the batch's row order
+(in training each member's :meth:`Seq2Seq.train_layout`). That canonical shape depends
+only on the member's own batch, never on the padding of the bundle, and skips the padding a
 ``(B, meta max length, features)`` draw would waste: with symbol rewriting's maximum
 lengths that draw (``MemberNoise.dropout_mask``, ``bernoulli_``) took about 1.3 ms of a
 ~12 ms step on one thread, these ``torch.rand`` draws about 0.3 ms. A unit is kept when
