@@ -63,11 +63,12 @@ from trainables.models.seq2seq_layout import (
     Seq2SeqBatch,
     build_modules,
     collate,
+    longest_first,
     param_layout,
 )
 from trainables.models.seq2seq_reference import ReferenceEngine
 from trainables.registry import MODELS
-from trainables.tasks.base import SeqPairs, SplitData, TokenRows
+from trainables.tasks.base import SplitData, TokenRows
 
 
 class Seq2SeqConfig(FrozenConfig):
@@ -264,10 +265,7 @@ class Seq2Seq(Model):
         """Each member's rows by decreasing target length (stable): the sequences that end
         first are then the last rows, which the fast LSTM stops computing once they have
         ended (:attr:`Seq2SeqBatch.tgt_active`), about a fifth of its work here."""
-        if not isinstance(data, SeqPairs):
-            raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
-        lengths = data.padded().tgt[1]
-        return [r[np.argsort(-lengths[r], kind="stable")] for r in rows]
+        return longest_first(data, rows)
 
     def _params(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters())

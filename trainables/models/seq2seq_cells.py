@@ -103,7 +103,7 @@ class LSTMSequence(torch.autograd.Function):
     xp (K, T, B, 4H) input projections incl. both biases and w_hh (K, 4H, H), both in our
     gate order (:func:`prepare_gates`); h0, c0 (K, B, H). Returns every step's hidden and
     cell state (K, T, B, H) (cs so callers can take each sequence's own last cell state).
-    ``active`` (T ints, or None for all rows): rows each step must compute, a prefix; the
+    ``active`` (T ints; None or empty: all rows): rows each step must compute, a prefix; the
     compiled path skips the rest (see the module doc), the torch-ops path computes all.
     Per-step views are made once with ``unbind`` (slicing inside the loop costs as much
     as the arithmetic at these sizes).
@@ -211,16 +211,15 @@ def _fused_forward(
     h0, c0 = h0.contiguous(), c0.contiguous()
     z = xp.new_empty(k * b * g4)
     ks_g, ks_h = t_len * b * g4, t_len * b * hid  # member strides of the (K, T, B, .) buffers
-    xps, hss = xp.unbind(1), hs.unbind(1)
-    h, c_ptr, c_ks = h0, ptr(c0), b * hid
+    xps, acts, hss, css, tcss = (x.unbind(1) for x in (xp, act, hs, cs, tcs))
+    h, c, c_ks = h0, c0, b * hid
     for t in range(t_len):
-        n = b if active is None else active[t]
+        n = active[t] if active else b
         zt = z[: k * n * g4].view(k, n, g4)
         torch.baddbmm(xps[t][:, :n], h[:, :n], w_hh_t, out=zt)
-        at, ct = ptr(act) + 4 * t * b * g4, ptr(cs) + 4 * t * b * hid
-        kern.fwd_step(k, n, hid, ptr(zt), n * g4, c_ptr, c_ks, at, ks_g,
-                      ct, ptr(tcs) + 4 * t * b * hid, ptr(hs) + 4 * t * b * hid, ks_h)
-        h, c_ptr, c_ks = hss[t], ct, ks_h
+        kern.fwd_step(k, n, hid, ptr(zt), n * g4, ptr(c), c_ks, ptr(acts[t]), ks_g,
+                      ptr(css[t]), ptr(tcss[t]), ptr(hss[t]), ks_h)
+        h, c, c_ks = hss[t], css[t], ks_h
     ctx.fused = kern
     ctx.save_for_backward(act, hs, cs, tcs, h0, c0, w_hh)
     ctx.set_materialize_grads(False)
@@ -240,18 +239,17 @@ def _fused_backward(
     ks_g, ks_h = t_len * b * g4, t_len * b * hid
     d_gates = torch.zeros_like(act)  # (K, T, B, 4H); 0 where a row's sequence has ended
     dh, dc = hs.new_zeros(k, b, hid), hs.new_zeros(k, b, hid)
-    dhs = dhs.contiguous() if dhs is not None else None
-    dcs = dcs.contiguous() if dcs is not None else None
-    d_all = d_gates.unbind(1)
+    acts, css, tcss, d_all = (x.unbind(1) for x in (act, cs, tcs, d_gates))
+    dhs_t = dhs.contiguous().unbind(1) if dhs is not None else None
+    dcs_t = dcs.contiguous().unbind(1) if dcs is not None else None
     for t in range(t_len - 1, -1, -1):
-        n = b if active is None else active[t]
-        off_h = 4 * t * b * hid
-        c_prev, cp_ks = (ptr(c0), b * hid) if t == 0 else (ptr(cs) + off_h - 4 * b * hid, ks_h)
+        n = active[t] if active else b
+        c_prev, cp_ks = (c0, b * hid) if t == 0 else (css[t - 1], ks_h)
         kern.bwd_step(
             k, n, hid, ptr(dh), ptr(dc), b * hid,
-            None if dhs is None else ptr(dhs) + off_h, None if dcs is None else ptr(dcs) + off_h,
-            ks_h, ptr(act) + 4 * t * b * g4, ks_g, ptr(tcs) + off_h, ks_h, c_prev, cp_ks,
-            ptr(d_gates) + 4 * t * b * g4, ks_g,
+            None if dhs_t is None else ptr(dhs_t[t]), None if dcs_t is None else ptr(dcs_t[t]),
+            ks_h, ptr(acts[t]), ks_g, ptr(tcss[t]), ks_h, ptr(c_prev), cp_ks,
+            ptr(d_all[t]), ks_g,
         )
         torch.bmm(d_all[t][:, :n], w_hh, out=dh[:, :n])
     h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)

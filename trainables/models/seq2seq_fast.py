@@ -101,7 +101,7 @@ class _Weights:
         step t computes only the first ``active[t]`` rows (all where empty)."""
         if self.evaluation:
             return lstm_sequence_eval(xp, layer.w_hh, h0, c0)
-        return lstm_sequence(xp, layer.w_hh, h0, c0, active or None)
+        return lstm_sequence(xp, layer.w_hh, h0, c0, active)
 
     def tanh_(self, x: torch.Tensor) -> torch.Tensor:
         """tanh of a pre-activation made with the combine weights (doubled in evaluation)."""

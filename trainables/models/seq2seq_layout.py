@@ -162,6 +162,20 @@ class Seq2SeqBatch:
     """The same per decoder step t for the decoder positions (target length + 1)."""
 
 
+def seq_pairs(data: SplitData) -> SeqPairs:
+    """``data`` as :class:`SeqPairs`, the only data a seq2seq model takes."""
+    if not isinstance(data, SeqPairs):
+        raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
+    return data
+
+
+def longest_first(data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each member's rows by decreasing target length (stable): the examples that end first
+    are then the last rows of the batch, a suffix the fast LSTM stops computing."""
+    lengths = seq_pairs(data).padded().tgt[1]
+    return [r[np.argsort(-lengths[r], kind="stable")] for r in rows]
+
+
 def collate(
     data: SplitData,
     rows: Sequence[np.ndarray],
@@ -170,8 +184,7 @@ def collate(
     decode_len: Callable[[np.ndarray], np.ndarray],
 ) -> Seq2SeqBatch:
     """Build a :class:`Seq2SeqBatch` from member k's example indices ``rows[k]`` (equal lengths)."""
-    if not isinstance(data, SeqPairs):
-        raise TypeError(f"seq2seq models need SeqPairs data, got {type(data).__name__}")
+    data = seq_pairs(data)
     index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
     k, b = index.shape
     (src_all, src_len), (tgt_all, tgt_len) = data.padded().src, data.padded().tgt
