@@ -6,11 +6,13 @@ LSTM 32, bilinear attention, dropout 0.1), batch 64 per member, SGD lr 0.125 wit
 per-member clipping at 5, summed loss: the trainer's generic step.
 
 Prints samples/s for training (bundle: seed-samples/s, i.e. K * 64 per step) for the
-reference implementation (K=1) and the fast one (K=1, 8, 16; at K=8 with its LSTM cell
-as torch ops and as the compiled C cell, ``trainables/models/ckernels.py``), and the time
-to greedy-decode and score the losses of 17k examples (lengths 1-15, as the six
-symbol-rewriting evaluation splits) per member: reference, fast K=1, and fast K=8 with
-1,024 examples per batch and with the trainer's cap (``Seq2Seq.eval_rows``). There is no
+reference implementation (K=1) and the fast one (K=1, 8, 16; at K=8 with its CPU kernels
+as torch ops and as compiled C, ``trainables/models/ckernels.py``: the LSTM cell, the
+output layer's loss and argmax, the decoding attention), and the time to evaluate 17k
+examples (lengths 1-15, as the six symbol-rewriting evaluation splits: teacher-forced
+losses and greedy decoding, ``Model.evaluate_batch``) per member: reference, fast K=1,
+and fast K=8 with 1,024 examples per batch and with the trainer's cap
+(``Seq2Seq.eval_rows``), the latter with the kernels as torch ops and compiled. There is no
 torch.compile variant: see ``trainables/models/seq2seq_cells.py`` for what it was measured
 to do.
 
@@ -69,8 +71,8 @@ def build(k: int, impl: str) -> Seq2Seq:
 class TrainCase:
     """One model trained with the trainer's generic step on its own random batches."""
 
-    def __init__(self, k: int, impl: str, data: SeqPairs, cell: str = "fused") -> None:
-        self.k, self.impl, self.data, self.cell = k, impl, data, cell
+    def __init__(self, k: int, impl: str, data: SeqPairs, kernels: str = "fused") -> None:
+        self.k, self.impl, self.data, self.kernels = k, impl, data, kernels
         self.model = build(k, impl)
         self.rngs = [np.random.default_rng(i) for i in range(k)]
         self.noise = MemberNoise([7 + i for i in range(k)])
@@ -91,10 +93,10 @@ class TrainCase:
         self.opt.step()
 
 
-def use_cell(cell: str) -> None:
-    """The fast model's CPU LSTM cell from now on: ``fused`` (compiled C) or ``torch_ops``."""
-    os.environ[ckernels.SWITCH] = "1" if cell == "fused" else "0"
-    ckernels.lstm_kernels.cache_clear()
+def use_kernels(kernels: str) -> None:
+    """The fast model's CPU kernels from now on: ``fused`` (compiled C) or ``torch_ops``."""
+    os.environ[ckernels.SWITCH] = "1" if kernels == "fused" else "0"
+    ckernels.cpu_kernels.cache_clear()
 
 
 def train_rates(
@@ -104,13 +106,13 @@ def train_rates(
     ``steps`` steps each, ``repeats`` times, and keep their best turn: every case sees
     the same machine load."""
     for case in cases:
-        use_cell(case.cell)
+        use_kernels(case.kernels)
         for _ in range(warmup):
             case.step()
     best = [(float("inf"), float("inf"))] * len(cases)
     for _ in range(repeats):
         for i, case in enumerate(cases):
-            use_cell(case.cell)
+            use_kernels(case.kernels)
             t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 case.step()
@@ -122,10 +124,13 @@ def train_rates(
     ]
 
 
-def decode_seconds(k: int, impl: str, chunk: int | None = None) -> tuple[float, float]:
-    """(wall, CPU) seconds to greedy-decode and score the losses of 17k examples sorted by
-    length, ``chunk`` examples per batch (default: what the trainer uses, 1,024 capped at
-    the model's ``eval_rows // k``)."""
+def decode_seconds(
+    k: int, impl: str, chunk: int | None = None, kernels: str = "fused"
+) -> tuple[float, float]:
+    """(wall, CPU) seconds to evaluate 17k examples sorted by length (teacher-forced losses
+    and greedy decoding, as the trainer does), ``chunk`` examples per batch (default: what
+    the trainer uses, 1,024 capped at the model's ``eval_rows // k``)."""
+    use_kernels(kernels)
     model = build(k, impl)
     if chunk is None:
         chunk = min(1024, max(1, (model.eval_rows or 1024 * k) // k))
@@ -147,8 +152,7 @@ def decode_seconds(k: int, impl: str, chunk: int | None = None) -> tuple[float, 
         for start in range(0, len(order), chunk):
             rows = order[start : start + chunk]
             batch = model.make_batch(data, [rows] * k, torch.device("cpu"))
-            model.example_losses(batch)
-            model.predict(batch)
+            model.evaluate_batch(batch)
     return time.perf_counter() - t0, time.thread_time() - c0
 
 
@@ -165,9 +169,9 @@ def main() -> None:
     configure_worker(args.threads)
     data = symbol_rewriting_like(20_000, (5, 10), seed=1)
     cases = [
-        TrainCase(k, impl, data, cell)
-        for impl, k, cell in [
-            ("reference", 1, "-"), ("fast", 1, "fused"), ("fast", 8, "torch_ops"),
+        TrainCase(k, impl, data, kern)
+        for impl, k, kern in [
+            ("reference", 1, "fused"), ("fast", 1, "fused"), ("fast", 8, "torch_ops"),
             ("fast", 8, "fused"), ("fast", 16, "fused"),
         ]
     ]
@@ -177,21 +181,25 @@ def main() -> None:
     print(
         "training, seed-samples/s (K x 64 per step); 'cpu' = per second of this thread's CPU time"
     )
-    print(f"{'impl':<10}{'cell':<10}{'K':>4}{'wall':>10}{'cpu':>10}{'cpu/seed':>10}{'vs ref':>8}")
+    print(f"{'impl':<10}{'kernels':<10}{'K':>4}{'wall':>10}{'cpu':>10}{'cpu/seed':>10}{'vs ref':>8}")
     rates = train_rates(cases, args.steps, args.warmup, args.repeats)
     for case, (wall, cpu) in zip(cases, rates, strict=True):
         ratio = cpu / rates[0][1]
         print(
-            f"{case.impl:<10}{case.cell:<10}{case.k:>4}{wall:>10,.0f}{cpu:>10,.0f}{cpu / case.k:>10,.0f}{ratio:>7.2f}x"
+            f"{case.impl:<10}{case.kernels if case.impl == 'fast' else '-':<10}{case.k:>4}{wall:>10,.0f}{cpu:>10,.0f}{cpu / case.k:>10,.0f}{ratio:>7.2f}x"
         )
     if not args.no_decode:
         print(
-            "\ngreedy decoding + example losses of 17k examples (6 splits), per member:"
+            "\nevaluation (example losses + greedy decoding) of 17k examples (6 splits), per member:"
         )
-        for impl, k, chunk in [("reference", 1, None), ("fast", 1, None), ("fast", 8, 1024), ("fast", 8, None)]:
-            wall, cpu = decode_seconds(k, impl, chunk)
+        for impl, k, chunk, kern in [
+            ("reference", 1, None, "fused"), ("fast", 1, None, "fused"), ("fast", 8, 1024, "fused"),
+            ("fast", 8, None, "torch_ops"), ("fast", 8, None, "fused"),
+        ]:
+            wall, cpu = decode_seconds(k, impl, chunk, kern)
             rows = chunk or min(1024, (Seq2Seq.eval_rows or 1024 * k) // k)
-            print(f"{impl:<10}{k:>4}  {rows:>5} examples/batch  wall {wall / k:5.2f} s  cpu {cpu / k:5.2f} s")
+            shown = kern if impl == "fast" else "-"
+            print(f"{impl:<10}{shown:<10}{k:>4}  {rows:>5} examples/batch  wall {wall / k:5.2f} s  cpu {cpu / k:5.2f} s")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,27 @@ def test_pair_trains_scores_and_is_deterministic(task_cls: Any, model_cls: Any, 
     assert other != ev_a, "a different seed should give a different run"
 
 
+@pytest.mark.parametrize(("task_cls", "model_cls"), PAIRS, ids=IDS)
+def test_evaluate_batch_equals_metrics_and_predictions(task_cls: Any, model_cls: Any, torch_threads: None) -> None:
+    """A model may share work between its evaluation values and its predictions
+    (``Model.evaluate_batch``); what it returns must be what the two give apart."""
+    run = _run(tiny_spec(task_cls, model_cls, max_epochs=1), [0, 1])
+    split = next(s for s in run.data.splits.values() if s.role == "test")
+    rows = np.arange(min(len(split), 40))
+    batch = run.model.make_batch(split.data, [rows] * run.k, run.device)
+    with torch.no_grad():
+        values, preds = run.model.evaluate_batch(batch)
+        apart = run.model.example_metrics(batch)
+        preds_apart = run.model.predict(batch)
+    assert values.keys() == apart.keys() and "loss" in values
+    for name, v in values.items():
+        assert torch.allclose(v, apart[name], rtol=1e-6, atol=1e-6), name
+    assert len(preds) == run.k == len(preds_apart)
+    for mine, theirs in zip(preds, preds_apart, strict=True):
+        assert len(mine) == len(rows) == len(theirs)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(mine, theirs, strict=True))
+
+
 def _check_200_steps(task_cls: Any, model_cls: Any, device: str) -> None:
     spec = tiny_spec(task_cls, model_cls, max_steps=200, eval_every_steps=200,
                      selection={"mode": "last", "early_stop": False})

@@ -310,9 +310,10 @@ class BundleRun:
         for start in range(0, n, bs):
             rows = order[start : start + bs]
             batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
-            for name, per_row in self.model.example_metrics(batch).items():
+            batch_values, batch_preds = self.model.evaluate_batch(batch)
+            for name, per_row in batch_values.items():
                 model_values.setdefault(name, np.zeros((self.k, n)))[:, rows] = per_row.double().cpu().numpy()
-            for k, member_preds in enumerate(self.model.predict(batch)):
+            for k, member_preds in enumerate(batch_preds):
                 parts[k].append((rows, member_preds))
         preds = [_in_split_order(n, p) for p in parts]
         model_values.setdefault("loss", np.zeros((self.k, 0)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainables.models import ckernels
-from trainables.models.ckernels import lstm_kernels, ptr
+from trainables.models.ckernels import cpu_kernels, ptr
 from trainables.models.seq2seq_cells import lstm_sequence
 from trainables.models.seq2seq_layout import active_rows
 from trainables.runtime import keep_freed_memory
@@ -20,13 +20,13 @@ from trainables.runtime import keep_freed_memory
 @pytest.fixture(autouse=True)
 def _fresh_kernels(torch_threads: None) -> Iterator[None]:
     """Each test looks the kernels up anew, and leaves no cached answer behind."""
-    lstm_kernels.cache_clear()
+    cpu_kernels.cache_clear()
     yield
-    lstm_kernels.cache_clear()
+    cpu_kernels.cache_clear()
 
 
-def kernels() -> ckernels.LSTMKernels:
-    kern = lstm_kernels()
+def kernels() -> ckernels.CpuKernels:
+    kern = cpu_kernels()
     if kern is None:
         pytest.skip("no working C compiler: the fused kernels are unavailable")
     return kern
@@ -40,7 +40,7 @@ def run_cell(
     """hs, cs and the gradients of xp, w_hh, h0, c0 for fixed random inputs; the upstream
     gradient is zero on rows past ``live`` (as the model's is on ended sequences)."""
     monkeypatch.setenv(ckernels.SWITCH, "1" if fused else "0")
-    lstm_kernels.cache_clear()
+    cpu_kernels.cache_clear()
     k, t, b, h = shape
     g = torch.Generator().manual_seed(0)
     xp = torch.randn(k, t, b, 4 * h, generator=g).requires_grad_()
@@ -107,7 +107,7 @@ def test_a_rows_result_does_not_depend_on_its_place_in_the_block(hidden: int) ->
         zz, cc = z[rows].contiguous(), c[rows].contiguous()
         n = zz.shape[0]
         act, out = torch.empty(n, 4 * h), torch.empty(3, n, h)
-        kern.fwd_step(1, n, h, ptr(zz), 0, ptr(cc), 0, ptr(act), 0,
+        kern.fwd_step(1, n, n, h, ptr(zz), 0, ptr(cc), 0, ptr(act), 0,
                       ptr(out[0]), ptr(out[1]), ptr(out[2]), 0)
         return torch.cat([act, out.permute(1, 0, 2).reshape(n, 3 * h)], 1)
 
@@ -128,7 +128,7 @@ def test_active_rows_of_a_hand_made_mask() -> None:
 
 def test_switch_turns_the_kernels_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ckernels.SWITCH, "0")
-    assert lstm_kernels() is None
+    assert cpu_kernels() is None
     assert ckernels.usable(torch.zeros(1)) is None
 
 
@@ -138,7 +138,7 @@ def test_build_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyP
     built = sorted((tmp_path / "kernels").iterdir())
     assert [p.suffix for p in built] == [".so"] and first.path == built[0]
     stamp = built[0].stat().st_mtime_ns
-    lstm_kernels.cache_clear()
+    cpu_kernels.cache_clear()
     again = kernels()
     assert again.path == first.path and again.path.stat().st_mtime_ns == stamp  # not rebuilt
     assert ckernels.usable(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
@@ -149,7 +149,7 @@ def test_a_failing_compiler_warns_and_falls_back(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("FINELINE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # exits 1: a compiler that cannot build anything
     with pytest.warns(RuntimeWarning, match="runs as torch ops"):
-        assert lstm_kernels() is None
+        assert cpu_kernels() is None
     assert list((tmp_path / "kernels").iterdir()) == []  # no half-written library left
     xp, c0 = torch.randn(1, 1, 3, 8), torch.randn(1, 3, 2)  # one step, W_hh = 0
     hs, cs = lstm_sequence(xp, torch.zeros(1, 8, 2), torch.zeros(1, 3, 2), c0)

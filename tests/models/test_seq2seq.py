@@ -45,22 +45,23 @@ def _one_thread(torch_threads: None) -> Iterator[None]:
 
 @pytest.fixture(params=["fused", "torch_ops"])
 def cell(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The fast model's LSTM cell on a CPU: compiled kernels (``fused``) or torch ops."""
+    """The fast model's CPU kernels (LSTM cell, logits, decoding attention): compiled C
+    (``fused``) or torch ops."""
     monkeypatch.setenv(ckernels.SWITCH, "1" if request.param == "fused" else "0")
-    ckernels.lstm_kernels.cache_clear()
-    if request.param == "fused" and ckernels.lstm_kernels() is None:
+    ckernels.cpu_kernels.cache_clear()
+    if request.param == "fused" and ckernels.cpu_kernels() is None:
         pytest.skip("no working C compiler: the fused kernels are unavailable")
     yield request.param
-    ckernels.lstm_kernels.cache_clear()
+    ckernels.cpu_kernels.cache_clear()
 
 
 @pytest.fixture()
 def torch_ops_cell(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The fast model's LSTM cell as torch ops (the path CUDA and compiler-less CPUs take)."""
     monkeypatch.setenv(ckernels.SWITCH, "0")
-    ckernels.lstm_kernels.cache_clear()
+    ckernels.cpu_kernels.cache_clear()
     yield
-    ckernels.lstm_kernels.cache_clear()
+    ckernels.cpu_kernels.cache_clear()
 
 
 def make_meta(n_tgt: int = N_TGT, decode: Any = None) -> dict[str, Any]:
@@ -340,7 +341,7 @@ def test_bundle_member_training_equals_lone_and_reference_runs(cell: str) -> Non
             assert rel(mine[name], value) < 1e-5, (i, name)
 
 
-def test_example_losses_equal_unpadded_single_example_losses() -> None:
+def test_example_losses_equal_unpadded_single_example_losses(cell: str) -> None:
     data = pairs(10, seed=4)
     m = model(2, bidirectional=True)
     rows = np.arange(6)
@@ -374,7 +375,7 @@ def plain_greedy(mods: torch.nn.ModuleDict, src: np.ndarray, steps: int) -> list
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_predict_equals_stepwise_greedy_of_the_reference(variant: str) -> None:
+def test_predict_equals_stepwise_greedy_of_the_reference(variant: str, cell: str) -> None:
     data = pairs(16, seed=5)
     m = model(2, [7, 8], init_range=0.6, **VARIANTS[variant])
     order = np.argsort([len(s) for s in data.src], kind="stable")
@@ -395,7 +396,7 @@ def test_predict_equals_stepwise_greedy_of_the_reference(variant: str) -> None:
     assert len({tuple(p) for p in preds[0]}) > 3  # predictions really vary
 
 
-def test_beam_search_is_exact_when_the_beam_holds_every_prefix() -> None:
+def test_beam_search_is_exact_when_the_beam_holds_every_prefix(cell: str) -> None:
     """Beam width V^2 over 3 steps must find the best sequence (checked exhaustively)."""
     meta = make_meta(n_tgt=3, decode=lambda lengths: np.full(len(lengths), 3))
     data = pairs(2, seed=6)
@@ -496,7 +497,7 @@ def test_teacher_forced_exact_on_targets_made_from_the_models_own_greedy_output(
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
-def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float) -> None:
+def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float, cell: str) -> None:
     """``tanh = 2 sigmoid(2x) - 1`` with doubled g weights and a doubled cell: the same h and c."""
     gen = torch.Generator().manual_seed(0)
     k, t, b, h = 3, 9, 5, 4
@@ -513,7 +514,7 @@ def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float) -> N
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_evaluation_losses_equal_the_training_form(variant: str) -> None:
+def test_evaluation_losses_equal_the_training_form(variant: str, cell: str) -> None:
     """Without gradients the fast engine uses its evaluation form (token tables, sigmoid-only
     cell, doubled combine); its per-token losses and argmax hits equal the training form's."""
     data = pairs(16, seed=8)
@@ -529,18 +530,26 @@ def test_evaluation_losses_equal_the_training_form(variant: str) -> None:
     assert hit_eval is not None and hit_train is not None and torch.equal(hit_eval, hit_train)
 
 
-def test_fast_argmax_equals_torch_argmax_with_ties_and_nan() -> None:
-    from trainables.models.seq2seq_fast import argmax_last
+@pytest.mark.parametrize("v", [5, 16, 243])
+def test_fast_argmax_equals_torch_argmax_with_ties_and_nan(v: int, cell: str) -> None:
+    """Ties in one lane of the C kernel's 16 and across lanes, NaN (it wins, also after
+    an inf), infinities, all-equal and all--inf rows; V below, at and above the lane count."""
+    from trainables.models.seq2seq_logits import argmax_last
 
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(4, 50, 243, generator=gen)
-    x[0, 0, [3, 7]] = 9.0  # a tie: the first wins
-    x[1, 1, 5] = float("nan")  # NaN counts as the maximum
+    x = torch.randn(8, 50, v, generator=gen)
+    x[0, 0, [3, v - 1]] = 9.0  # a tie: the first wins
+    x[1, 1, 2] = float("nan")  # NaN counts as the maximum
     x[2, 2] = 0.0  # all equal
-    x[3, 3, [0, 242]] = float("inf")
+    x[3, 3, [0, v - 1]] = float("inf")
+    x[4, 4] = float("-inf")
+    x[5, 5, [1, v - 1]] = torch.tensor([float("inf"), float("nan")])  # the NaN after an inf wins
+    x[6, 6, [v - 1, v // 2]] = 9.0  # a tie whose later entry sits in an earlier lane
+    x[7, 7, [4, v - 1]] = torch.tensor([9.0, 9.5])
     got = argmax_last(x)
     assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1))
-    assert got[0, 0] == 3 and got[1, 1] == 5 and got[2, 2] == 0 and got[3, 3] == 0
+    assert got[0, 0] == 3 and got[1, 1] == 2 and got[2, 2] == 0 and got[3, 3] == 0
+    assert got[4, 4] == 0 and got[5, 5] == v - 1 and got[6, 6] == v // 2 and got[7, 7] == v - 1
 
 
 def test_predictions_are_token_rows_of_each_examples_decode_length() -> None:

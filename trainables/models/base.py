@@ -120,6 +120,11 @@ class Model(nn.Module, ABC):
         (seq2seq: teacher-forced exact match)."""
         return {"loss": self.example_losses(batch)}
 
+    def evaluate_batch(self, batch: Any) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
+        """:meth:`example_metrics` and :meth:`predict` of one evaluation batch, which a model
+        may compute sharing work (seq2seq encodes the batch once for both)."""
+        return self.example_metrics(batch), self.predict(batch)
+
     @abstractmethod
     def predict(self, batch: Any) -> list[Sequence[Any]]:
         """Predictions, ``K`` sequences of ``B`` task-level predictions (what ``Task.score``

@@ -1,15 +1,18 @@
-"""Fused CPU kernels for the seq2seq LSTM cell, compiled at first use.
+"""Fused CPU kernels for the seq2seq model, compiled at first use.
 
-:file:`kernels/lstm_cell.c` holds one LSTM time step forward and backward as plain C loops
-(see its header). It is compiled once per machine with the system C compiler (``cc``, or
+:file:`kernels/lstm_cell.c` holds one LSTM time step (training forward and backward, and
+the evaluation form), :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
+output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
+plain C loops (see their headers). They are compiled once per
+machine with the system C compiler (``cc``, or
 ``$CC``) for this CPU (``-march=native``) into ``$FINELINE_CACHE`` (default
 ``~/.cache/fineline``)``/kernels``, in a file named by a hash of the source, the flags,
 the compiler and the CPU, written atomically (several Ray workers may build it at once:
 the last rename wins, and every build is the same). Loading it takes milliseconds, a
 cold build about a second.
 
-Where no compiler is found or the build fails, :func:`lstm_kernels` returns None (with
-one warning) and the cell runs as torch ops, which compute the same to float rounding.
+Where no compiler is found or the build fails, :func:`cpu_kernels` returns None (with
+one warning) and the model runs as torch ops, which compute the same to float rounding.
 ``FINELINE_CPU_KERNELS=0`` turns the kernels off (the tests run both ways).
 """
 
@@ -25,17 +28,26 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels") / "lstm_cell.c"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = ("lstm_cell.c", "logits.c", "attention.c")
+"""Compiled together into one library (with the headers beside them)."""
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 SWITCH = "FINELINE_CPU_KERNELS"
-"""Environment variable: ``0`` runs the LSTM cell as torch ops even where a compiler exists."""
+"""Environment variable: ``0`` runs the model as torch ops even where a compiler exists."""
 
 _F = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_long
+_I64 = ctypes.c_int64
+
+
+def _sources() -> list[str]:
+    """The text of every kernel source and header (what a build depends on)."""
+    return [p.read_text() for p in sorted(KERNELS.glob("*.[ch]"))]
 
 
 def cache_dir() -> Path:
@@ -57,17 +69,27 @@ def _cpu_signature() -> str:
     return f"{platform.machine()} {flags}"
 
 
-class LSTMKernels:
-    """ctypes bindings of :file:`kernels/lstm_cell.c` (see there for the arguments)."""
+class CpuKernels:
+    """ctypes bindings of the kernels in :file:`kernels/` (see there for the arguments)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self.fwd_step = lib.lstm_fwd_step
-        self.fwd_step.argtypes = [_I, _I, _I, _F, _L, _F, _L, _F, _L, _F, _F, _F, _L]
-        self.fwd_step.restype = None
-        self.bwd_step = lib.lstm_bwd_step
-        self.bwd_step.argtypes = [_I, _I, _I, _F, _F, _L, _F, _F, _L, _F, _L, _F, _L, _F, _L, _F, _L]
-        self.bwd_step.restype = None
+        self.fwd_step = _bind(lib.lstm_fwd_step, [_I, _I, _I, _I, _F, _L, _F, _L, _F, _L, _F, _F, _F, _L])
+        self.bwd_step = _bind(
+            lib.lstm_bwd_step, [_I, _I, _I, _I, _F, _F, _L, _F, _F, _L, _F, _L, _F, _L, _F, _L, _F, _L]
+        )
+        self.eval_step = _bind(lib.lstm_eval_step, [_I, _I, _I, _F, _L, _F, _L, _F, _F, _L])
+        self.argmax = _bind(lib.logits_argmax, [_I, _I, _F, _F])
+        self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
+        self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
+        self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
+        self.attend_one = _bind(lib.attend_one, [_I, _I, _I, _I, _F, _F, _F, _F, _F])
+
+
+def _bind(fn: Any, argtypes: list[Any]) -> Any:
+    fn.argtypes = argtypes
+    fn.restype = None
+    return fn
 
 
 def _build(compiler: str, target: Path) -> None:
@@ -76,7 +98,7 @@ def _build(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp],
+            [compiler, *FLAGS, *(str(KERNELS / f) for f in SOURCES), "-o", tmp],
             check=True,
             capture_output=True,
             text=True,
@@ -89,14 +111,14 @@ def _build(compiler: str, target: Path) -> None:
 
 
 @functools.cache
-def lstm_kernels() -> LSTMKernels | None:
+def cpu_kernels() -> CpuKernels | None:
     """The compiled kernels, built on first use; None where they cannot be (see module doc)."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         warnings.warn(
-            "fineline: no C compiler found (cc, gcc or $CC): the seq2seq LSTM cell runs as "
+            "fineline: no C compiler found (cc, gcc or $CC): the seq2seq model runs as "
             "torch ops, about 1.5x slower on a CPU. Install gcc to build its fused kernels.",
             RuntimeWarning,
             stacklevel=2,
@@ -107,17 +129,17 @@ def lstm_kernels() -> LSTMKernels | None:
             [compiler, "--version"], capture_output=True, text=True, timeout=30
         ).stdout
         key = hashlib.sha256(
-            "\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature()]).encode()
+            "\n".join([*_sources(), " ".join(FLAGS), version, _cpu_signature()]).encode()
         ).hexdigest()[:16]
-        path = cache_dir() / f"lstm_cell-{key}.so"
+        path = cache_dir() / f"fineline-{key}.so"
         if not path.exists():
             _build(compiler, path)
-        return LSTMKernels(ctypes.CDLL(str(path)), path)
+        return CpuKernels(ctypes.CDLL(str(path)), path)
     except (OSError, subprocess.SubprocessError) as e:
         detail = e.stderr if isinstance(e, subprocess.CalledProcessError) else e
         warnings.warn(
-            f"fineline: building the fused LSTM kernels with {compiler} failed ({detail}); the "
-            f"seq2seq LSTM cell runs as torch ops. Set {SWITCH}=0 to skip the attempt.",
+            f"fineline: building the fused CPU kernels with {compiler} failed ({detail}); the "
+            f"seq2seq model runs as torch ops. Set {SWITCH}=0 to skip the attempt.",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -128,12 +150,12 @@ MAX_HIDDEN = 1024
 """Largest hidden size the kernels take (the backward's zero row, ``lstm_cell.c``)."""
 
 
-def usable(x: torch.Tensor, hidden: int = 1) -> LSTMKernels | None:
+def usable(x: torch.Tensor, hidden: int = 1) -> CpuKernels | None:
     """The kernels for a cell of ``hidden`` units on ``x`` (float32, CPU) where they are
     available, else None."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or hidden > MAX_HIDDEN:
         return None
-    return lstm_kernels()
+    return cpu_kernels()
 
 
 def ptr(x: torch.Tensor) -> int:

@@ -287,10 +287,30 @@ class Seq2Seq(Model):
     def example_metrics(self, batch: Any) -> dict[str, torch.Tensor]:
         """``loss`` per example and, with ``teacher_forced_exact``, ``tf_exact`` (0/1) and
         ``tf_token`` (fraction of right target positions), from one teacher-forced pass."""
-        if not self.cfg.teacher_forced_exact:
-            return super().example_metrics(batch)
-        ce, hit = self.engine.token_outputs(self._params(), batch, None, hits=True)  # (K, N)
-        assert hit is not None
+        hits = self.cfg.teacher_forced_exact
+        ce, hit = self.engine.token_outputs(self._params(), batch, None, hits=hits)  # (K, N)
+        return self._metrics(ce, hit, batch)
+
+    @torch.no_grad()
+    def predict(self, batch: Any) -> list[Sequence[np.ndarray]]:
+        """K :class:`TokenRows` of B int64 rows: greedy (or beam) decoding for each example's
+        decode_len."""
+        return self._decode(self.engine.start_decode(self._params(), batch, self.cfg.beam_width), batch)
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch: Any) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
+        """:meth:`example_metrics` and :meth:`predict` from one encoding of the batch."""
+        hits = self.cfg.teacher_forced_exact
+        ce, hit, stepper = self.engine.evaluate(self._params(), batch, hits, self.cfg.beam_width)
+        return self._metrics(ce, hit, batch), self._decode(stepper, batch)
+
+    def _metrics(
+        self, ce: torch.Tensor, hit: torch.Tensor | None, batch: Seq2SeqBatch
+    ) -> dict[str, torch.Tensor]:
+        """Per-example values (K, B) from per-token losses and hits (K, N) (see
+        :meth:`example_metrics`)."""
+        if hit is None:
+            return {"loss": _per_example(ce, batch)}
         real = batch.tok_target != IGNORE  # token-list padding is no token
         wrong = _per_example((~hit & real).to(ce.dtype), batch)
         tokens = _per_example(real.to(ce.dtype), batch)
@@ -300,12 +320,8 @@ class Seq2Seq(Model):
             "tf_token": 1.0 - wrong / tokens,
         }
 
-    @torch.no_grad()
-    def predict(self, batch: Any) -> list[Sequence[np.ndarray]]:
-        """K :class:`TokenRows` of B int64 rows: greedy (or beam) decoding for each example's
-        decode_len."""
+    def _decode(self, stepper: Any, batch: Seq2SeqBatch) -> list[Sequence[np.ndarray]]:
         width = self.cfg.beam_width
-        stepper = self.engine.start_decode(self._params(), batch, width)
         steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
         tokens = greedy_decode(stepper, steps) if width == 1 else beam_decode(stepper, steps, width)
         out = tokens.cpu().numpy()

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from trainables.models.ckernels import LSTMKernels, ptr, usable
+from trainables.models.ckernels import CpuKernels, ptr, usable
 
 CHUNK_FLOATS = 65536
 """Backward gate derivatives are computed for chunks of about this many gate values."""
@@ -192,7 +192,7 @@ class LSTMSequence(torch.autograd.Function):
 
 def _fused_forward(
     ctx: Any,
-    kern: LSTMKernels,
+    kern: CpuKernels,
     xp: torch.Tensor,
     w_hh: torch.Tensor,
     h0: torch.Tensor,
@@ -205,9 +205,9 @@ def _fused_forward(
     k, t_len, b, g4 = xp.shape
     hid = g4 // 4
     w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
-    act = xp.new_zeros(k, t_len, b, g4)  # gate activations o, i, f, g
-    hs = xp.new_zeros(k, t_len, b, hid)
-    cs, tcs = torch.zeros_like(hs), torch.zeros_like(hs)  # cell states, tanh(c)
+    act = xp.new_empty(k, t_len, b, g4)  # gate activations o, i, f, g (of live rows)
+    hs = xp.new_empty(k, t_len, b, hid)  # the kernel writes 0 past the live rows
+    cs, tcs = torch.empty_like(hs), torch.empty_like(hs)  # cell states, tanh(c) (live rows)
     h0, c0 = h0.contiguous(), c0.contiguous()
     z = xp.new_empty(k * b * g4)
     ks_g, ks_h = t_len * b * g4, t_len * b * hid  # member strides of the (K, T, B, .) buffers
@@ -217,7 +217,7 @@ def _fused_forward(
         n = active[t] if active else b
         zt = z[: k * n * g4].view(k, n, g4)
         torch.baddbmm(xps[t][:, :n], h[:, :n], w_hh_t, out=zt)
-        kern.fwd_step(k, n, hid, ptr(zt), n * g4, ptr(c), c_ks, ptr(acts[t]), ks_g,
+        kern.fwd_step(k, n, b, hid, ptr(zt), n * g4, ptr(c), c_ks, ptr(acts[t]), ks_g,
                       ptr(css[t]), ptr(tcss[t]), ptr(hss[t]), ks_h)
         h, c, c_ks = hss[t], css[t], ks_h
     ctx.fused = kern
@@ -231,13 +231,13 @@ def _fused_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of :func:`_fused_forward`: per step one kernel call (gate gradients and
     the cell gradient through the forget gate) and one ``bmm`` (dh through ``W_hh``)."""
-    kern: LSTMKernels = ctx.fused
+    kern: CpuKernels = ctx.fused
     active: tuple[int, ...] | None = ctx.active
     act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
     k, t_len, b, g4 = act.shape
     hid = g4 // 4
     ks_g, ks_h = t_len * b * g4, t_len * b * hid
-    d_gates = torch.zeros_like(act)  # (K, T, B, 4H); 0 where a row's sequence has ended
+    d_gates = torch.empty_like(act)  # (K, T, B, 4H); the kernel writes 0 past the live rows
     dh, dc = hs.new_zeros(k, b, hid), hs.new_zeros(k, b, hid)
     acts, css, tcss, d_all = (x.unbind(1) for x in (act, cs, tcs, d_gates))
     dhs_t = dhs.contiguous().unbind(1) if dhs is not None else None
@@ -246,7 +246,7 @@ def _fused_backward(
         n = active[t] if active else b
         c_prev, cp_ks = (c0, b * hid) if t == 0 else (css[t - 1], ks_h)
         kern.bwd_step(
-            k, n, hid, ptr(dh), ptr(dc), b * hid,
+            k, n, b, hid, ptr(dh), ptr(dc), b * hid,
             None if dhs_t is None else ptr(dhs_t[t]), None if dcs_t is None else ptr(dcs_t[t]),
             ks_h, ptr(acts[t]), ks_g, ptr(tcss[t]), ks_h, ptr(c_prev), cp_ks,
             ptr(d_all[t]), ks_g,
@@ -300,8 +300,14 @@ def cell_step_eval(
     """One LSTM update without ``tanh`` (see :func:`lstm_sequence_eval`): pre-activations z2
     (K, B, 4H) with the g block doubled and the doubled cell c2 (K, B, H), written into ``s``
     (scratch, gate sigmoids), ``c2_out`` (the new doubled cell), ``tc`` (scratch) and
-    ``h_out``."""
+    ``h_out``. On a CPU one call of the compiled C step (``s`` and ``tc`` unused)."""
     hid = c2.shape[-1]
+    kern = usable(z2, hid)
+    if kern is not None and all(x.is_contiguous() for x in (z2, c2, c2_out, h_out)):
+        k, b, _ = z2.shape
+        kern.eval_step(k, b, hid, ptr(z2), b * 4 * hid, ptr(c2), b * hid, ptr(c2_out),
+                       ptr(h_out), b * hid)
+        return
     o, i, f, g = s[..., :hid], s[..., hid : 2 * hid], s[..., 2 * hid : 3 * hid], s[..., 3 * hid :]
     torch.sigmoid(z2, out=s)  # g block: sigmoid(2 x_g), so tanh(x_g) = 2 g - 1
     torch.mul(f, c2, out=c2_out).addcmul_(i, g, value=4.0).sub_(i, alpha=2.0)
@@ -322,16 +328,26 @@ def lstm_sequence_eval(
     doubled (:func:`double_g`), so ``sigmoid`` of it is ``sigmoid(2 x_g)``; the cell is kept
     doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i sigmoid(2 x_g) - 2 i``, ``tanh(c) =
     2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H) like the training cell, to ~1e-6.
+    On a CPU a step is one ``baddbmm`` and one call of the compiled C step
+    (``lstm_eval_step``), else the torch ops of :func:`cell_step_eval`.
     """
     k, t_len, b, g4 = xp2.shape
+    hid = g4 // 4
     w_t = w_hh2.transpose(1, 2)  # (K, H, 4H)
-    hs = xp2.new_empty(k, t_len, b, g4 // 4)
+    hs = xp2.new_empty(k, t_len, b, hid)
     cs2 = torch.empty_like(hs)
     z, s, tc = xp2.new_empty(k, b, g4), xp2.new_empty(k, b, g4), torch.empty_like(h0)
     xps, hss, css = xp2.unbind(1), hs.unbind(1), cs2.unbind(1)
     h, c2 = h0, c0 * 2.0
+    kern = usable(xp2, hid)
     for t in range(t_len):
-        cell_step_eval(torch.baddbmm(xps[t], h, w_t, out=z), c2, s, css[t], tc, hss[t])
+        torch.baddbmm(xps[t], h, w_t, out=z)
+        if kern is not None:  # the C step, writing straight into step t of hs and cs2
+            c_ks = b * hid if t == 0 else t_len * b * hid
+            kern.eval_step(k, b, hid, ptr(z), b * g4, ptr(c2), c_ks, ptr(css[t]), ptr(hss[t]),
+                           t_len * b * hid)
+        else:
+            cell_step_eval(z, c2, s, css[t], tc, hss[t])
         h, c2 = hss[t], css[t]
     return hs, cs2.mul_(0.5)
 

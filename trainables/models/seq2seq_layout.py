@@ -314,3 +314,11 @@ class Engine(ABC):
     @abstractmethod
     def start_decode(self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int) -> Any:
         """A stepper for greedy or beam decoding (:mod:`seq2seq_decode`)."""
+
+    def evaluate(
+        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, hits: bool, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """Without noise: :meth:`token_outputs` and a stepper (:meth:`start_decode`); an
+        implementation may share the encoding between them."""
+        ce, hit = self.token_outputs(params, batch, None, hits)
+        return ce, hit, self.start_decode(params, batch, width)

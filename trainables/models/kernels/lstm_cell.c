@@ -15,32 +15,7 @@
  * IEEE operations, so an element's result depends only on its inputs, never on where it
  * sits in a block (a bundle member and its lone run stay bit-identical).
  */
-#include <stdint.h>
-#include <string.h>
-
-static inline float exp_f(float x) {
-    x = x > 88.0f ? 88.0f : x;
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * (r * r) + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
-}
-
-static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
-
-static inline float tanh_f(float x) { return 2.0f / (1.0f + exp_f(-2.0f * x)) - 1.0f; }
+#include "fmath.h"
 
 /* One row of the forward step (H cells): act = (o, i, f, g), c, tanh(c), h. */
 static inline void fwd_row(int H, const float *restrict z, const float *restrict cp,
@@ -57,8 +32,10 @@ static inline void fwd_row(int H, const float *restrict z, const float *restrict
     }
 }
 
-/* Forward step: z (gate pre-activations), c_prev -> act (o, i, f, g activations), c, tanh(c), h. */
-void lstm_fwd_step(int K, int rows, int H,
+/* Forward step: z (gate pre-activations), c_prev -> act (o, i, f, g activations), c, tanh(c), h
+ * for the first `rows` rows of each member; rows `rows` .. `total` - 1 of c and h are set to
+ * 0 (their sequences have ended; act and tanh(c) are left unwritten there). */
+void lstm_fwd_step(int K, int rows, int total, int H,
                    const float *z, long z_ks,
                    const float *c_prev, long cp_ks,
                    float *act, long act_ks,
@@ -68,6 +45,11 @@ void lstm_fwd_step(int K, int rows, int H,
             long o = k * out_ks + (long)b * H;
             fwd_row(H, z + k * z_ks + (long)b * 4 * H, c_prev + k * cp_ks + (long)b * H,
                     act + k * act_ks + (long)b * 4 * H, c_out + o, tc_out + o, h_out + o);
+        }
+        long o = k * out_ks + (long)rows * H, n = (long)(total - rows) * H;
+        if (n > 0) {
+            memset(c_out + o, 0, n * sizeof(float));
+            memset(h_out + o, 0, n * sizeof(float));
         }
     }
 }
@@ -93,9 +75,10 @@ static inline void bwd_row(int H, const float *restrict dh, float *restrict dc,
 
 /* Backward step. dh, dc (K, B, H contiguous) hold the gradient flowing back from step t+1
  * into h_t, c_t; dhs, dcs (may be NULL) the gradient of the outputs at step t. Writes the
- * gate pre-activation gradients d_gates and leaves dc = dL/dc_{t-1} through the forget gate
- * (dh_{t-1} is d_gates @ W_hh, done by the caller). H is at most 1024. */
-void lstm_bwd_step(int K, int rows, int H,
+ * gate pre-activation gradients d_gates of the first `rows` rows (0 in rows `rows` ..
+ * `total` - 1) and leaves dc = dL/dc_{t-1} through the forget gate (dh_{t-1} is
+ * d_gates @ W_hh, done by the caller). H is at most 1024. */
+void lstm_bwd_step(int K, int rows, int total, int H,
                    float *dh, float *dc, long st_ks,
                    const float *dhs, const float *dcs, long dout_ks,
                    const float *act, long act_ks,
@@ -108,6 +91,36 @@ void lstm_bwd_step(int K, int rows, int H,
             bwd_row(H, dh + s, dc + s, dhs ? dhs + d : zeros, dcs ? dcs + d : zeros,
                     act + k * act_ks + (long)b * 4 * H, tc_t + k * tc_ks + (long)b * H,
                     c_prev + k * cp_ks + (long)b * H, d_gates + k * dg_ks + (long)b * 4 * H);
+        }
+        long n = (long)(total - rows) * 4 * H;
+        if (n > 0) memset(d_gates + k * dg_ks + (long)rows * 4 * H, 0, n * sizeof(float));
+    }
+}
+
+/* One row of the evaluation step (see lstm_eval_step). */
+static inline void eval_row(int H, const float *restrict z, const float *restrict c2p,
+                            float *restrict c2_out, float *restrict h_out) {
+    for (int j = 0; j < H; j++) {
+        float o = sigmoid_f(z[j]), i = sigmoid_f(z[H + j]), f = sigmoid_f(z[2 * H + j]);
+        float s = sigmoid_f(z[3 * H + j]); /* sigmoid(2 x_g): tanh(x_g) = 2 s - 1 */
+        float c2 = f * c2p[j] + 4.0f * i * s - 2.0f * i;
+        c2_out[j] = c2;
+        h_out[j] = o * (2.0f * sigmoid_f(c2) - 1.0f); /* tanh(c) = 2 sigmoid(2c) - 1 */
+    }
+}
+
+/* Evaluation step (no gradients; the form of seq2seq_cells.lstm_sequence_eval): z holds the
+ * gate pre-activations with the g block doubled, c2_prev the doubled cell 2c. Writes the new
+ * doubled cell c2' = f c2 + 4 i sigmoid(z_g) - 2 i and h = o (2 sigmoid(c2') - 1). */
+void lstm_eval_step(int K, int rows, int H,
+                    const float *z, long z_ks,
+                    const float *c2_prev, long cp_ks,
+                    float *c2_out, float *h_out, long out_ks) {
+    for (int k = 0; k < K; k++) {
+        for (int b = 0; b < rows; b++) {
+            long o = k * out_ks + (long)b * H;
+            eval_row(H, z + k * z_ks + (long)b * 4 * H, c2_prev + k * cp_ks + (long)b * H,
+                     c2_out + o, h_out + o);
         }
     }
 }

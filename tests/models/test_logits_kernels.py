@@ -1,0 +1,126 @@
+"""The compiled output-layer and attention kernels (trainables/models/kernels/logits.c,
+attention.c) against torch's ops: cross-entropy and its gradient, hits, decoding attention,
+and a row's bits alone or inside a block (what bundle = lone run needs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainables.models import ckernels
+from trainables.models.seq2seq_fast import attend_one
+from trainables.models.seq2seq_logits import cross_entropy
+
+IGNORE = -100
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(torch_threads: None) -> Iterator[None]:
+    yield
+
+
+@pytest.fixture(params=["fused", "torch_ops"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Compiled kernels on (``fused``) or off (``torch_ops``, the CUDA/no-compiler path)."""
+    monkeypatch.setenv(ckernels.SWITCH, "1" if request.param == "fused" else "0")
+    ckernels.cpu_kernels.cache_clear()
+    if request.param == "fused" and ckernels.cpu_kernels() is None:
+        pytest.skip("no working C compiler: the fused kernels are unavailable")
+    yield request.param
+    ckernels.cpu_kernels.cache_clear()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def logits_case(m: int, v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, v, generator=gen) * 4
+    target = torch.randint(0, v, (m,), generator=gen)
+    target[::5] = IGNORE  # token-list padding
+    return x, target
+
+
+@pytest.mark.parametrize("v", [7, 16, 243])
+def test_cross_entropy_and_its_gradient_equal_torchs(v: int, kernels: str) -> None:
+    x, target = logits_case(40, v)
+    up = torch.randn(40, generator=torch.Generator().manual_seed(3))
+    xa = x.clone().requires_grad_()
+    ce, hit = cross_entropy(xa, target, IGNORE, hits=True)
+    (ce * up).sum().backward()
+    xb = x.clone().requires_grad_()
+    want = F.cross_entropy(xb, target, ignore_index=IGNORE, reduction="none")
+    (want * up).sum().backward()
+    assert xa.grad is not None and xb.grad is not None
+    assert rel(ce.detach(), want.detach()) < 1e-6 and rel(xa.grad, xb.grad) < 1e-6
+    assert torch.count_nonzero(ce[::5]) == 0 and torch.count_nonzero(xa.grad[::5]) == 0
+    assert hit is not None and torch.equal(hit, (x.argmax(-1) == target) & (target != IGNORE))
+    assert rel(xa.grad, xb.grad * 1.0001) > 5e-5  # the comparison can fail
+    with torch.no_grad():  # evaluation: same values, no graph
+        ce_eval, hit_eval = cross_entropy(x, target, IGNORE, hits=True)
+    assert torch.allclose(ce_eval, ce.detach(), rtol=1e-6, atol=1e-6)
+    assert hit_eval is not None and torch.equal(hit_eval, hit)
+
+
+def test_hits_need_the_first_maximum_to_be_the_target(kernels: str) -> None:
+    x = torch.zeros(3, 20)
+    x[:, [2, 17]] = 5.0  # a tie: argmax is 2
+    target = torch.tensor([2, 17, IGNORE])
+    with torch.no_grad():
+        _, hit = cross_entropy(x, target, IGNORE, hits=True)
+    assert hit is not None and hit.tolist() == [True, False, False]
+
+
+def test_a_rows_loss_and_gradient_do_not_depend_on_its_block() -> None:
+    """Bit-identical alone or as row 5 of 9, forward and backward (fused kernels)."""
+    if ckernels.cpu_kernels() is None:
+        pytest.skip("no working C compiler")
+    x, target = logits_case(9, 243, seed=4)
+    target[5] = 11
+
+    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        xr = x[rows].clone().requires_grad_()
+        ce, _ = cross_entropy(xr, target[rows], IGNORE)
+        ce.sum().backward()
+        assert xr.grad is not None
+        return ce.detach(), xr.grad
+
+    (ce_all, g_all), (ce_one, g_one) = run(slice(0, 9)), run(slice(5, 6))
+    assert torch.equal(ce_all[5:6], ce_one) and torch.equal(g_all[5:6], g_one)
+
+
+def attention_case(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    r, s, d, e = 12, 7, 32, 20
+    keys, q = torch.randn(r, s, d, generator=gen), torch.randn(r, d, generator=gen)
+    enc = torch.randn(r, s, e, generator=gen)
+    lengths = torch.randint(1, s + 1, (r,), generator=gen)
+    masked = torch.arange(s) >= lengths[:, None]
+    bias = torch.zeros(r, s).masked_fill_(masked, float("-inf"))
+    return keys, q, bias, enc, masked
+
+
+def test_decoding_attention_equals_softmax_attention(kernels: str) -> None:
+    """Masked positions get no weight: huge encoder values there change nothing."""
+    keys, q, bias, enc, masked = attention_case()
+    enc_poisoned = enc.masked_fill(masked[..., None], 1e30)
+    keys_t = keys.transpose(1, 2)
+    got = attend_one(keys_t, q, bias, enc_poisoned)
+    p = torch.softmax((keys @ q[..., None]).squeeze(-1) + bias, -1)  # (R, S)
+    want = (p[..., None] * enc).sum(1)
+    assert got.shape == want.shape and rel(got, want) < 1e-6
+    assert rel(attend_one(keys_t, q * 1.001, bias, enc), want) > 1e-5  # it can fail
+
+
+def test_a_rows_attention_does_not_depend_on_its_block() -> None:
+    if ckernels.cpu_kernels() is None:
+        pytest.skip("no working C compiler")
+    keys, q, bias, enc, _ = attention_case(seed=2)
+    keys_t = keys.transpose(1, 2)
+    block = attend_one(keys_t, q, bias, enc)
+    alone = attend_one(keys_t[4:5], q[4:5], bias[4:5], enc[4:5])
+    assert torch.equal(block[4:5], alone)
