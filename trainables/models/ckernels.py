@@ -3,11 +3,10 @@
 :file:`kernels/lstm_cell.c` holds one LSTM time step (training forward and backward, and
 the evaluation form), :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
 output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
-plain C loops (see their headers). They are compiled once per
-machine with the system C compiler (``cc``, or
-``$CC``) for this CPU (``-march=native``) into ``$FINELINE_CACHE`` (default
-``~/.cache/fineline``)``/kernels``, in a file named by a hash of the source, the flags,
-the compiler and the CPU, written atomically (several Ray workers may build it at once:
+plain C loops (see their headers). They are compiled once per machine with the system C
+compiler (``cc``, or ``$CC``) for this CPU (``-march=native``) into one library in
+``$FINELINE_CACHE`` (default ``~/.cache/fineline``)``/kernels``, in a file named by a hash
+of the sources, the flags, the compiler and the CPU, written atomically (several Ray workers may build it at once:
 the last rename wins, and every build is the same). Loading it takes milliseconds, a
 cold build about a second.
 
