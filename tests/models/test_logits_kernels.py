@@ -22,17 +22,6 @@ def _one_thread(torch_threads: None) -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["fused", "torch_ops"])
-def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Compiled kernels on (``fused``) or off (``torch_ops``, the CUDA/no-compiler path)."""
-    monkeypatch.setenv(ckernels.SWITCH, "1" if request.param == "fused" else "0")
-    ckernels.cpu_kernels.cache_clear()
-    if request.param == "fused" and ckernels.cpu_kernels() is None:
-        pytest.skip("no working C compiler: the fused kernels are unavailable")
-    yield request.param
-    ckernels.cpu_kernels.cache_clear()
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 

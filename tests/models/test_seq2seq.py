@@ -43,18 +43,6 @@ def _one_thread(torch_threads: None) -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["fused", "torch_ops"])
-def cell(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The fast model's CPU kernels (LSTM cell, logits, decoding attention): compiled C
-    (``fused``) or torch ops."""
-    monkeypatch.setenv(ckernels.SWITCH, "1" if request.param == "fused" else "0")
-    ckernels.cpu_kernels.cache_clear()
-    if request.param == "fused" and ckernels.cpu_kernels() is None:
-        pytest.skip("no working C compiler: the fused kernels are unavailable")
-    yield request.param
-    ckernels.cpu_kernels.cache_clear()
-
-
 @pytest.fixture()
 def torch_ops_cell(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The fast model's LSTM cell as torch ops (the path CUDA and compiler-less CPUs take)."""
@@ -221,7 +209,7 @@ def test_reductions_on_a_hand_made_batch() -> None:
 @pytest.mark.parametrize("reduction", list(REDUCTIONS))
 @pytest.mark.parametrize("k", [1, 2])
 def test_fast_matches_reference_loss_and_gradients(
-    k: int, variant: str, reduction: str, cell: str
+    k: int, variant: str, reduction: str, kernels: str
 ) -> None:
     """Member k-1 of a fast K=k model (member 0 with other rows when K=2) vs the reference.
 
@@ -294,7 +282,7 @@ def test_padding_never_changes_a_members_loss_or_gradient() -> None:
     assert torch.allclose(el_a[0], el_b[0], rtol=1e-5)
 
 
-def test_bundle_member_training_equals_lone_and_reference_runs(cell: str) -> None:
+def test_bundle_member_training_equals_lone_and_reference_runs(kernels: str) -> None:
     """200 SGD steps (lr 0.125, per-member clip 5, dropout 0.1, own batches per member).
 
     Paper sizes (32/32): with the summed loss every update is clipped to norm 5, and at
@@ -341,7 +329,7 @@ def test_bundle_member_training_equals_lone_and_reference_runs(cell: str) -> Non
             assert rel(mine[name], value) < 1e-5, (i, name)
 
 
-def test_example_losses_equal_unpadded_single_example_losses(cell: str) -> None:
+def test_example_losses_equal_unpadded_single_example_losses(kernels: str) -> None:
     data = pairs(10, seed=4)
     m = model(2, bidirectional=True)
     rows = np.arange(6)
@@ -375,7 +363,7 @@ def plain_greedy(mods: torch.nn.ModuleDict, src: np.ndarray, steps: int) -> list
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_predict_equals_stepwise_greedy_of_the_reference(variant: str, cell: str) -> None:
+def test_predict_equals_stepwise_greedy_of_the_reference(variant: str, kernels: str) -> None:
     data = pairs(16, seed=5)
     m = model(2, [7, 8], init_range=0.6, **VARIANTS[variant])
     order = np.argsort([len(s) for s in data.src], kind="stable")
@@ -396,7 +384,7 @@ def test_predict_equals_stepwise_greedy_of_the_reference(variant: str, cell: str
     assert len({tuple(p) for p in preds[0]}) > 3  # predictions really vary
 
 
-def test_beam_search_is_exact_when_the_beam_holds_every_prefix(cell: str) -> None:
+def test_beam_search_is_exact_when_the_beam_holds_every_prefix(kernels: str) -> None:
     """Beam width V^2 over 3 steps must find the best sequence (checked exhaustively)."""
     meta = make_meta(n_tgt=3, decode=lambda lengths: np.full(len(lengths), 3))
     data = pairs(2, seed=6)
@@ -497,7 +485,7 @@ def test_teacher_forced_exact_on_targets_made_from_the_models_own_greedy_output(
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
-def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float, cell: str) -> None:
+def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float, kernels: str) -> None:
     """``tanh = 2 sigmoid(2x) - 1`` with doubled g weights and a doubled cell: the same h and c."""
     gen = torch.Generator().manual_seed(0)
     k, t, b, h = 3, 9, 5, 4
@@ -514,7 +502,7 @@ def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float, cell
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_evaluation_losses_equal_the_training_form(variant: str, cell: str) -> None:
+def test_evaluation_losses_equal_the_training_form(variant: str, kernels: str) -> None:
     """Without gradients the fast engine uses its evaluation form (token tables, sigmoid-only
     cell, doubled combine); its per-token losses and argmax hits equal the training form's."""
     data = pairs(16, seed=8)
@@ -531,7 +519,7 @@ def test_evaluation_losses_equal_the_training_form(variant: str, cell: str) -> N
 
 
 @pytest.mark.parametrize("v", [5, 16, 243])
-def test_fast_argmax_equals_torch_argmax_with_ties_and_nan(v: int, cell: str) -> None:
+def test_fast_argmax_equals_torch_argmax_with_ties_and_nan(v: int, kernels: str) -> None:
     """Ties in one lane of the C kernel's 16 and across lanes, NaN (it wins, also after
     an inf), infinities, all-equal and all--inf rows; V below, at and above the lane count."""
     from trainables.models.seq2seq_logits import argmax_last

@@ -79,7 +79,7 @@ class CpuKernels:
         )
         self.eval_step = _bind(lib.lstm_eval_step, [_I, _I, _I, _F, _L, _F, _L, _F, _F, _L])
         self.argmax = _bind(lib.logits_argmax, [_I, _I, _F, _F])
-        self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
+        self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
         self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
         self.attend_one = _bind(lib.attend_one, [_I, _I, _I, _I, _F, _F, _F, _F, _F])

@@ -300,19 +300,26 @@ def cell_step_eval(
     """One LSTM update without ``tanh`` (see :func:`lstm_sequence_eval`): pre-activations z2
     (K, B, 4H) with the g block doubled and the doubled cell c2 (K, B, H), written into ``s``
     (scratch, gate sigmoids), ``c2_out`` (the new doubled cell), ``tc`` (scratch) and
-    ``h_out``. On a CPU one call of the compiled C step (``s`` and ``tc`` unused)."""
+    ``h_out``. On a CPU, where each tensor is K contiguous (B, .) blocks, one call of the
+    compiled C step (``s`` and ``tc`` unused)."""
     hid = c2.shape[-1]
     kern = usable(z2, hid)
-    if kern is not None and all(x.is_contiguous() for x in (z2, c2, c2_out, h_out)):
+    blocks = _member_blocks(z2, c2, c2_out, h_out) and c2_out.stride(0) == h_out.stride(0)
+    if kern is not None and blocks:
         k, b, _ = z2.shape
-        kern.eval_step(k, b, hid, ptr(z2), b * 4 * hid, ptr(c2), b * hid, ptr(c2_out),
-                       ptr(h_out), b * hid)
+        kern.eval_step(k, b, hid, ptr(z2), z2.stride(0), ptr(c2), c2.stride(0), ptr(c2_out),
+                       ptr(h_out), h_out.stride(0))
         return
     o, i, f, g = s[..., :hid], s[..., hid : 2 * hid], s[..., 2 * hid : 3 * hid], s[..., 3 * hid :]
     torch.sigmoid(z2, out=s)  # g block: sigmoid(2 x_g), so tanh(x_g) = 2 g - 1
     torch.mul(f, c2, out=c2_out).addcmul_(i, g, value=4.0).sub_(i, alpha=2.0)
     torch.sigmoid(c2_out, out=tc).mul_(2.0).sub_(1.0)  # tanh(c)
     torch.mul(o, tc, out=h_out)
+
+
+def _member_blocks(*xs: torch.Tensor) -> bool:
+    """Whether each (K, B, F) tensor is K contiguous (B, F) blocks (any member stride)."""
+    return all(x.stride(2) == 1 and x.stride(1) == x.shape[2] for x in xs)
 
 
 @torch.no_grad()
@@ -332,22 +339,14 @@ def lstm_sequence_eval(
     (``lstm_eval_step``), else the torch ops of :func:`cell_step_eval`.
     """
     k, t_len, b, g4 = xp2.shape
-    hid = g4 // 4
     w_t = w_hh2.transpose(1, 2)  # (K, H, 4H)
-    hs = xp2.new_empty(k, t_len, b, hid)
+    hs = xp2.new_empty(k, t_len, b, g4 // 4)
     cs2 = torch.empty_like(hs)
     z, s, tc = xp2.new_empty(k, b, g4), xp2.new_empty(k, b, g4), torch.empty_like(h0)
     xps, hss, css = xp2.unbind(1), hs.unbind(1), cs2.unbind(1)
     h, c2 = h0, c0 * 2.0
-    kern = usable(xp2, hid)
     for t in range(t_len):
-        torch.baddbmm(xps[t], h, w_t, out=z)
-        if kern is not None:  # the C step, writing straight into step t of hs and cs2
-            c_ks = b * hid if t == 0 else t_len * b * hid
-            kern.eval_step(k, b, hid, ptr(z), b * g4, ptr(c2), c_ks, ptr(css[t]), ptr(hss[t]),
-                           t_len * b * hid)
-        else:
-            cell_step_eval(z, c2, s, css[t], tc, hss[t])
+        cell_step_eval(torch.baddbmm(xps[t], h, w_t, out=z), c2, s, css[t], tc, hss[t])
         h, c2 = hss[t], css[t]
     return hs, cs2.mul_(0.5)
 

@@ -61,7 +61,7 @@ def cross_entropy(
         m, v = logits.shape
         ce = logits.new_empty(m)
         hit = torch.empty(m, dtype=torch.bool) if hits else None
-        kern.ce(m, v, ptr(logits), ptr(target), ignore, ptr(ce), None, None if hit is None else ptr(hit))
+        kern.ce(m, v, ptr(logits), ptr(target), ignore, ptr(ce), None if hit is None else ptr(hit))
         return ce, hit
     ce = _CrossEntropy.apply(logits, target, ignore)
     return ce, (argmax_last(logits.detach()) == target) if hits else None

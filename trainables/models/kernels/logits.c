@@ -125,20 +125,18 @@ void logits_argmax(int M, int V, const float *x, int64_t *out) {
     }
 }
 
-/* Cross-entropy of each row against target (ce = lse - x[target]; 0 where target ==
- * ignore), the row's log-sum-exp (lse, may be NULL) and whether target is the row's argmax
- * (hit, may be NULL; 0 where ignored). */
+/* Cross-entropy of each row against target (ce = log-sum-exp - x[target]; 0 where target ==
+ * ignore) and whether target is the row's argmax (hit, may be NULL; 0 where ignored). */
 void logits_ce(int M, int V, const float *x, const int64_t *target, int64_t ignore,
-               float *ce, float *lse, uint8_t *hit) {
+               float *ce, uint8_t *hit) {
     for (int r = 0; r < M; r++) {
         const float *row = x + (long)r * V;
         float best;
         int nan;
         int64_t i = row_argmax(V, row, &best, &nan);
-        float l = nan ? NAN : logf(row_exp_sum(V, row, best, NULL)) + best;
+        float lse = nan ? NAN : logf(row_exp_sum(V, row, best, NULL)) + best;
         int64_t t = target[r];
-        if (lse) lse[r] = l;
-        ce[r] = t == ignore ? 0.0f : l - row[t];
+        ce[r] = t == ignore ? 0.0f : lse - row[t];
         if (hit) hit[r] = t != ignore && i == t;
     }
 }
@@ -156,13 +154,9 @@ void logits_softmax_ce(int M, int V, const float *x, const int64_t *target, int6
             ce[r] = 0.0f;
             continue;
         }
-        int odd, nan = 0;
-        int64_t first;
-        float best = row_max(V, row, &first, &odd);
-        if (odd) {
-            int64_t i = row_odd(V, row, &best);
-            nan = row[i] != row[i];
-        }
+        float best;
+        int nan;
+        row_argmax(V, row, &best, &nan);
         float sum = row_exp_sum(V, row, best, pr);
         if (nan) sum = NAN;
         inv[r] = 1.0f / sum;
