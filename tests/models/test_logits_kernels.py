@@ -1,6 +1,7 @@
 """The compiled output-layer and attention kernels (trainables/models/kernels/logits.c,
-attention.c) against torch's ops: cross-entropy and its gradient, hits, decoding attention,
-and a row's bits alone or inside a block (what bundle = lone run needs)."""
+attention.c) against torch's ops: cross-entropy and its gradient, the chunked output layer,
+hits, decoding attention, and a row's bits alone or inside a block (what bundle = lone run
+needs)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables.models import ckernels
+from trainables.models import ckernels, seq2seq_logits
 from trainables.models.seq2seq_fast import attend_one
-from trainables.models.seq2seq_logits import cross_entropy
+from trainables.models.seq2seq_logits import cross_entropy, linear_cross_entropy
 
 IGNORE = -100
 
@@ -80,6 +81,57 @@ def test_a_rows_loss_and_gradient_do_not_depend_on_its_block() -> None:
 
     (ce_all, g_all), (ce_one, g_one) = run(slice(0, 9)), run(slice(5, 6))
     assert torch.equal(ce_all[5:6], ce_one) and torch.equal(g_all[5:6], g_one)
+
+
+def output_layer_case(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    u, w = torch.randn(k, n, 33, generator=gen), torch.randn(k, 33, 243, generator=gen) * 0.3
+    target = torch.randint(0, 243, (k, n), generator=gen)
+    target[:, ::7] = IGNORE
+    return u, w, target, torch.randn(k, n, generator=gen)
+
+
+def output_layer_grads(
+    u: torch.Tensor, w: torch.Tensor, target: torch.Tensor, up: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ua, wa = u.clone().requires_grad_(), w.clone().requires_grad_()
+    ce, _ = linear_cross_entropy(ua, wa, target, IGNORE)
+    (ce * up).sum().backward()
+    assert ua.grad is not None and wa.grad is not None
+    return ce.detach(), ua.grad, wa.grad
+
+
+def test_chunked_output_layer_equals_one_pass_of_torchs_ops(kernels: str) -> None:
+    """300 tokens per member: three training chunks of 128, the last one partial."""
+    u, w, target, up = output_layer_case(2, 300)
+    ce, du, dw = output_layer_grads(u, w, target, up)
+    ub, wb = u.clone().requires_grad_(), w.clone().requires_grad_()
+    logits = torch.bmm(ub, wb)
+    want = F.cross_entropy(logits.view(600, 243), target.view(-1), ignore_index=IGNORE, reduction="none")
+    (want.view(2, 300) * up).sum().backward()
+    assert ub.grad is not None and wb.grad is not None
+    assert rel(ce, want.view(2, 300).detach()) < 1e-6
+    assert rel(du, ub.grad) < 1e-6 and rel(dw, wb.grad) < 1e-5
+    assert torch.count_nonzero(ce[:, ::7]) == 0
+    assert rel(dw, wb.grad * 1.0001) > 5e-5  # the comparison can fail
+    with torch.no_grad():  # evaluation: chunks sized by EVAL_CHUNK_FLOATS, with hits
+        ce_eval, hit = linear_cross_entropy(u, w, target, IGNORE, hits=True)
+    assert rel(ce_eval, ce) < 1e-6
+    assert hit is not None and torch.equal(hit, (logits.argmax(-1) == target) & (target != IGNORE))
+
+
+def test_a_members_output_layer_does_not_depend_on_the_bundles_padding() -> None:
+    """Alone (200 tokens) or as member 0 beside one with 300 (its tail padded with ignored
+    targets, so the chunks run past its end): the same loss and gradients, bit for bit."""
+    if ckernels.cpu_kernels() is None:
+        pytest.skip("no working C compiler")
+    assert seq2seq_logits.TRAIN_CHUNK_ROWS < 200
+    u, w, target, up = output_layer_case(2, 300, seed=5)
+    target[0, 200:] = IGNORE
+    ce, du, dw = output_layer_grads(u, w, target, up)
+    ce1, du1, dw1 = output_layer_grads(u[:1, :200], w[:1], target[:1, :200], up[:1, :200])
+    assert torch.equal(ce[:1, :200], ce1) and torch.equal(du[:1, :200], du1)
+    assert torch.equal(dw[:1], dw1)
 
 
 def attention_case(seed: int = 0) -> tuple[torch.Tensor, ...]:

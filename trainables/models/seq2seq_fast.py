@@ -9,8 +9,8 @@ are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
 * attention scores for all decoder steps are one ``bmm`` (no input feeding), with a
   softmax written for short rows;
 * the combine layer, dropout, output projection and cross-entropy run only on the
-  token list (the real target positions), not on padding; evaluation losses are made
-  in cache-sized chunks of tokens.
+  token list (the real target positions), not on padding, in cache-sized chunks of
+  tokens (:func:`linear_cross_entropy`).
 
 Evaluation (no gradients, no dropout: teacher-forced losses and greedy decoding) has its
 own form of the same weights (:func:`_weights` with ``evaluation``): every ``tanh`` is
@@ -57,10 +57,7 @@ from trainables.models.seq2seq_layout import (
     dropout_masks,
     scatter_rows,
 )
-from trainables.models.seq2seq_logits import argmax_last, cross_entropy
-
-EVAL_CHUNK_FLOATS = 1 << 18
-"""Logits held at once when computing evaluation losses (1 MiB of float32)."""
+from trainables.models.seq2seq_logits import argmax_last, linear_cross_entropy
 
 
 @dataclass
@@ -298,33 +295,7 @@ class FastEngine(Engine):
         # reduction (trailing token-list padding adds exact zeros) instead of a cascade sum
         # whose grouping depends on the padded length
         u1 = torch.cat([u, u.new_ones(k, n, 1)], -1)
-        return self.output_ce(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target, hits)
-
-    def output_ce(
-        self, u1: torch.Tensor, w1: torch.Tensor, target: torch.Tensor, hits: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Cross-entropy (K, N) of logits ``u1 @ w1`` (bias folded in) against ``target``
-        (with ``hits``, also ``argmax(logits) == target`` (K, N)).
-
-        Without autograd (evaluation: tens of thousands of tokens per chunk) the logits are
-        made for about 1 MiB of them at a time, which stays in cache: 2.4x faster than one
-        pass. Training batches are small enough that one pass is faster.
-        """
-        k, n, _ = u1.shape
-        v = w1.shape[2]
-        step = n if torch.is_grad_enabled() else max(1, EVAL_CHUNK_FLOATS // (k * v))
-        parts, hit_parts = [], []
-        for n0 in range(0, n, step):
-            logits = torch.bmm(u1[:, n0 : n0 + step], w1)  # (K, C, V)
-            c = logits.shape[1]
-            ce, hit = cross_entropy(
-                logits.view(k * c, v), target[:, n0 : n0 + step].reshape(-1), IGNORE, hits
-            )
-            parts.append(ce.view(k, c))
-            if hit is not None:
-                hit_parts.append(hit.view(k, c))
-        ce_all = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-        return ce_all, torch.cat(hit_parts, 1) if hits else None
+        return linear_cross_entropy(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target, IGNORE, hits)
 
     def decoder(
         self,
