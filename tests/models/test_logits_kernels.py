@@ -134,6 +134,18 @@ def test_a_members_output_layer_does_not_depend_on_the_bundles_padding() -> None
     assert torch.equal(dw[:1], dw1)
 
 
+def test_the_chunked_output_layer_refuses_a_second_backward() -> None:
+    """Its backward overwrites the saved softmax with the gradient: a second pass over the
+    same graph must fail loudly, not return garbage."""
+    if ckernels.cpu_kernels() is None:
+        pytest.skip("no working C compiler")
+    u, w, target, _ = output_layer_case(1, 20)
+    ce, _ = linear_cross_entropy(u.requires_grad_(), w, target, IGNORE)
+    ce.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        ce.sum().backward()
+
+
 def attention_case(seed: int = 0) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     r, s, d, e = 12, 7, 32, 20

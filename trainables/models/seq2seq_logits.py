@@ -89,6 +89,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
         u, w, target, inv = ctx.saved_tensors
         kept, ctx.kept = ctx.kept, None
+        if kept is None:
+            raise RuntimeError(
+                "linear_cross_entropy's backward ran twice: it turns its saved softmax into "
+                "the gradient in place. Fix: compute the loss again instead of retain_graph"
+            )
         k, n, _ = u.shape
         v = w.shape[2]
         du, dw = torch.empty_like(u), torch.zeros_like(w)
