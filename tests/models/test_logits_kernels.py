@@ -102,7 +102,8 @@ def output_layer_grads(
 
 
 def test_chunked_output_layer_equals_one_pass_of_torchs_ops(kernels: str) -> None:
-    """300 tokens per member: three training chunks of 128, the last one partial."""
+    """300 tokens per member: with the C kernels three training chunks of 128, the last one
+    partial (without them, one pass of torch's ops)."""
     u, w, target, up = output_layer_case(2, 300)
     ce, du, dw = output_layer_grads(u, w, target, up)
     ub, wb = u.clone().requires_grad_(), w.clone().requires_grad_()
