@@ -139,7 +139,6 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=None, help="epochs (default 1; 30 with --full)")
     args = ap.parse_args()
     task = TINY_TASK if args.tiny else PAPER_TASK
-    out = args.out or Path(tempfile.mkdtemp(prefix="fineline-bench-"))
     n_train = task["train_size"]
     if args.direct:
         seeds = args.seeds or (50 if args.full else 16)
@@ -152,6 +151,7 @@ def main() -> None:
         print(f"direct: one bundle of {seeds} seeds on {args.direct}, {n_train} training samples, {what}: "
               f"wall {wall:.1f} s ({wall / 60:.1f} min)")
         return
+    out = args.out or Path(tempfile.mkdtemp(prefix="fineline-bench-"))
     try:
         if args.full:
             seeds = args.seeds or 50

@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RATIO = re.compile(r"speedup = .*?([0-9]+\.[0-9]+)x$")
 
 
-def _run(*args: str) -> list[str]:
+def _run(*args: str, tmp: Path | None = None) -> list[str]:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    if tmp is not None:  # the script's temp dir (not for Ray: its socket paths must stay short)
+        env["TMPDIR"] = str(tmp)
     res = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
     )
@@ -29,8 +31,10 @@ def test_seed_study_benchmark_prints_both_runs_and_the_speedup_last() -> None:
     assert match and float(match.group(1)) > 0
 
 
-def test_seed_study_direct_mode_trains_one_bundle_without_ray() -> None:
-    lines = _run("benchmarks/seed_study.py", "--tiny", "--seeds", "3", "--direct", "cpu", "--epochs", "2")
+def test_seed_study_direct_mode_trains_one_bundle_without_ray(tmp_path: Path) -> None:
+    lines = _run("benchmarks/seed_study.py", "--tiny", "--seeds", "3", "--direct", "cpu", "--epochs", "2",
+                 tmp=tmp_path)
+    assert not list(tmp_path.glob("fineline-bench-*"))  # no results folder left behind
     assert "one bundle of 3 seeds on cpu" in lines[-1]
     summary = [line.split() for line in lines if line.split()[:1] in (["standard"], ["long"])]
     assert len(summary) == 2 and all(row[1] == "3" for row in summary)  # seeds column
