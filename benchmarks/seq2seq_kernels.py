@@ -149,7 +149,7 @@ def decode_seconds(
     order = np.argsort([len(s) for s in data.src], kind="stable")
     t0, c0 = time.perf_counter(), time.thread_time()
     with torch.no_grad():
-        for start in range(0, len(order), chunk):
+        for start in reversed(range(0, len(order), chunk)):  # longest first, as the trainer
             rows = order[start : start + chunk]
             batch = model.make_batch(data, [rows] * k, torch.device("cpu"))
             model.evaluate_batch(batch)

@@ -57,16 +57,19 @@ def test_without_a_schedule_the_lr_never_moves_and_training_applies_it() -> None
 def test_evaluation_batches_are_capped_by_the_models_eval_rows_and_change_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A K-bundle evaluates at most ``eval_rows // K`` examples per batch on a CPU; how a split
-    is chunked changes no prediction and no loss beyond float rounding."""
+    """A K-bundle evaluates at most ``eval_rows // K`` examples per batch on a CPU, longest
+    chunk first (later chunks then fit in freed memory); how a split is chunked changes no
+    prediction and no loss beyond float rounding."""
     run = _run(None, members=3, eval_batch_size=1000)
     run.train_round()
     split = run.data.splits["long"]
     sizes: list[int] = []
+    longest: list[int] = []
     make_batch = run.model.make_batch
 
     def spy(data: Any, rows: Any, device: Any) -> Any:
         sizes.append(len(rows[0]))
+        longest.append(max(len(data.src[r]) for r in rows[0]))
         return make_batch(data, rows, device)
 
     monkeypatch.setattr(run.model, "make_batch", spy)
@@ -77,6 +80,7 @@ def test_evaluation_batches_are_capped_by_the_models_eval_rows_and_change_nothin
     sizes.clear()
     chunked = run.evaluate(split, predictions=True)
     assert max(sizes) == 2 and sum(sizes) == len(split)
+    assert longest == sorted(longest, reverse=True) and longest[0] > longest[-1]
     for k in range(3):
         assert all(np.array_equal(a, b) for a, b in zip(whole.predictions[k], chunked.predictions[k], strict=True))
         assert whole.means[k]["accuracy"] == chunked.means[k]["accuracy"]
