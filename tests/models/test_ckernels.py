@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainables.models import ckernels
-from trainables.models.ckernels import cpu_kernels, ptr
+from trainables.models.ckernels import cpu_kernels
 from trainables.models.seq2seq_cells import lstm_sequence
 from trainables.models.seq2seq_layout import active_rows
 from trainables.runtime import keep_freed_memory
@@ -94,28 +94,55 @@ def test_skipping_ended_rows_changes_no_live_value(monkeypatch: pytest.MonkeyPat
         assert rel(a, b) < 1e-6, name
 
 
+def layer_outputs(
+    xp: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+    up: torch.Tensor, active: tuple[int, ...] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The compiled layer's outputs and gradients for upstream gradient ``up`` on hs."""
+    xp, bias, h0, c0 = (x.clone().requires_grad_() for x in (xp, bias, h0, c0))
+    hs, cs = lstm_sequence(xp, w, h0, c0, active, bias)
+    (hs * up).sum().backward()
+    grads = {"d_xp": xp.grad, "d_bias": bias.grad, "d_h0": h0.grad, "d_c0": c0.grad}
+    return {"hs": hs.detach(), "cs": cs.detach(), **{k: v for k, v in grads.items() if v is not None}}
+
+
 @pytest.mark.parametrize("hidden", [5, 32])
-def test_a_rows_result_does_not_depend_on_its_place_in_the_block(hidden: int) -> None:
-    """What a bundle member's bit-identity to its lone run needs: a row gives the same bits
-    computed alone or as the 4th of a block of 7 (H = 5 runs the scalar remainder only)."""
-    kern = kernels()
+def test_a_rows_result_does_not_depend_on_its_place(hidden: int) -> None:
+    """What a bundle member's bit-identity to its lone run needs, from the compiled layer:
+    a row gives the same bits computed alone or as the 4th of a block of 7 (rows run in
+    pairs there), a member the same bits alone or as the 2nd of 3, and trailing steps with
+    no live row change no bias gradient bit (H = 5 runs the scalar remainders)."""
+    kernels()
     g = torch.Generator().manual_seed(1)
-    h = hidden
-    z, c = torch.randn(7, 4 * h, generator=g) * 3, torch.randn(7, h, generator=g)
+    k, t, b, h = 3, 4, 7, hidden
+    xp = torch.randn(k, t, b, 4 * h, generator=g) * 2
+    bias = torch.randn(k, 1, 4 * h, generator=g)
+    w = torch.randn(k, 4 * h, h, generator=g) * 0.5
+    h0, c0 = torch.randn(k, b, h, generator=g), torch.randn(k, b, h, generator=g)
+    up = torch.randn(k, t, b, h, generator=g)
 
-    def forward(rows: slice) -> torch.Tensor:
-        zz, cc = z[rows].contiguous(), c[rows].contiguous()
-        n = zz.shape[0]
-        act, out = torch.empty(n, 4 * h), torch.empty(3, n, h)
-        kern.fwd_step(1, n, n, h, ptr(zz), 0, ptr(cc), 0, ptr(act), 0,
-                      ptr(out[0]), ptr(out[1]), ptr(out[2]), 0)
-        return torch.cat([act, out.permute(1, 0, 2).reshape(n, 3 * h)], 1)
+    def take(x: torch.Tensor, member: slice, rows: slice) -> torch.Tensor:
+        return (x[member, :, rows] if x.dim() == 4 else x[member, rows]).contiguous()
 
-    block, alone = forward(slice(0, 7)), forward(slice(3, 4))
-    assert torch.equal(block[3], alone[0])
-    act = block[:, : 4 * h]
-    want = torch.cat([torch.sigmoid(z[:, : 3 * h]), torch.tanh(z[:, 3 * h :])], 1)
-    assert rel(act, want) < 1e-6
+    block = layer_outputs(xp[1:2], bias[1:2], w[1:2], h0[1:2], c0[1:2], up[1:2])
+    row = slice(3, 4)
+    alone = layer_outputs(*(take(x, slice(1, 2), row) for x in (xp,)), bias[1:2], w[1:2],
+                          take(h0, slice(1, 2), row), take(c0, slice(1, 2), row), take(up, slice(1, 2), row))
+    for name in ("hs", "cs", "d_xp", "d_h0", "d_c0"):
+        got = take(block[name], slice(0, 1), row)
+        assert torch.equal(got, alone[name]), name
+
+    bundle = layer_outputs(xp, bias, w, h0, c0, up)
+    for name in ("hs", "cs", "d_xp", "d_bias", "d_h0", "d_c0"):
+        assert torch.equal(bundle[name][1:2], block[name]), name
+    assert rel(block["hs"], bundle["hs"][0:1]) > 1e-3  # members differ: the check can fail
+
+    pad = torch.zeros(1, 2, b, 4 * h)  # two more steps in which no row is live
+    longer = layer_outputs(torch.cat([xp[1:2], pad], 1), bias[1:2], w[1:2], h0[1:2], c0[1:2],
+                           torch.cat([up[1:2], pad[..., :h]], 1), (b,) * t + (0, 0))
+    assert torch.equal(longer["d_bias"], block["d_bias"])
+    assert torch.equal(longer["hs"][:, :t], block["hs"])
+    assert torch.count_nonzero(longer["hs"][:, t:]) == 0
 
 
 def test_active_rows_of_a_hand_made_mask() -> None:

@@ -1,7 +1,8 @@
 """Fused CPU kernels for the seq2seq model, compiled at first use.
 
-:file:`kernels/lstm_cell.c` holds one LSTM time step (training forward and backward, and
-the evaluation form), :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
+:file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
+and backward, the recurrent matmul included), :file:`kernels/lstm_cell.c` one evaluation
+time step, :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
 output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
 plain C loops (see their headers). They are compiled once per machine with the system C
 compiler (``cc``, or ``$CC``) for this CPU (``-march=native``) into one library in
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = ("lstm_cell.c", "logits.c", "attention.c")
+SOURCES = ("lstm_cell.c", "lstm_seq.c", "logits.c", "attention.c")
 """Compiled together into one library (with the headers beside them)."""
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 SWITCH = "FINELINE_CPU_KERNELS"
@@ -73,11 +74,9 @@ class CpuKernels:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self.fwd_step = _bind(lib.lstm_fwd_step, [_I, _I, _I, _I, _F, _L, _F, _L, _F, _L, _F, _F, _F, _L])
-        self.bwd_step = _bind(
-            lib.lstm_bwd_step, [_I, _I, _I, _I, _F, _F, _L, _F, _F, _L, _F, _L, _F, _L, _F, _L, _F, _L]
-        )
         self.eval_step = _bind(lib.lstm_eval_step, [_I, _I, _I, _F, _L, _F, _L, _F, _F, _L])
+        self.fwd_seq = _bind(lib.lstm_fwd_seq, [_I, _I, _I, _I, *[_F] * 10])
+        self.bwd_seq = _bind(lib.lstm_bwd_seq, [_I, _I, _I, _I, *[_F] * 12])
         self.argmax = _bind(lib.logits_argmax, [_I, _I, _F, _F])
         self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])

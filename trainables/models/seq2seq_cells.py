@@ -8,15 +8,20 @@ input projection need no transposes.
 Gates are kept in the internal order **o, i, f, g** (torch: i, f, g, o; rows permuted by
 :func:`prepare_gates`): the three gates whose gradient scales with ``dc`` are adjacent.
 
-**Two implementations of a step.** On a CPU (float32) a time step is one ``baddbmm``
-and one call of the compiled C cell (:mod:`ckernels`, ``kernels/lstm_cell.c``) forward,
-one kernel call and one ``bmm`` backward; there, with ``active``, step t computes only the
-first ``active[t]`` rows of each member (training batches list the longest sequences
-first, so rows whose sequence has ended are a suffix; their outputs stay 0 and get no
-gradient). Elsewhere (CUDA, float64, or no C compiler) the step is the torch ops below,
-over all rows. The two agree to float rounding (~1e-7 relative; tested). Measured on one
-CPU thread at K=8, B=64, T=31, H=32 (decoder, forward + backward): torch ops 19.8 ms,
-compiled cell 12.4 ms, compiled cell skipping ended rows 10.6 ms.
+**Two implementations of a layer.** On a CPU (float32) a training layer is ONE call of
+compiled C (:mod:`ckernels`, ``kernels/lstm_seq.c``) forward and one backward: every time
+step's recurrent matmul and cell update, member by member with the member's ``W_hh`` in
+L1, the bias added there too (``baddbmm`` with a broadcast bias first copies it over the
+whole (K, T*B, 4H) output); then ``dW_hh`` is one ``bmm``. With ``active``, step t
+computes only the first ``active[t]`` rows of each member (training batches list the
+longest sequences first, so rows whose sequence has ended are a suffix; their outputs stay
+0 and get no gradient). Elsewhere (CUDA, float64, or no C compiler) the step is the torch
+ops below, over all rows. The two agree to float rounding (~1e-7 relative; tested).
+Measured on one CPU thread at K=8, B=64, T=31, H=32 (decoder, forward + backward): torch
+ops 19.8 ms, a compiled cell per step 12.4 ms, skipping ended rows 10.6 ms (Intel Xeon);
+on an AMD EPYC with ~91% of the rows live, a ``baddbmm`` and a cell call per step 11.5 ms,
+the whole layer in C 10.7 ms, and two K=8 training processes side by side (as Ray runs
+them) trained 5.4% more seed-samples/s (four alternating pairs of 100 steps each).
 
 **Why a custom autograd.Function.** Autograd over a Python time loop records about ten
 nodes per step, and writing outputs into a preallocated buffer under autograd adds a
@@ -46,6 +51,7 @@ than this eager cell (K=1 and K=4, interleaved A/B), and its guards (input alias
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -73,40 +79,17 @@ def prepare_gates(w: torch.Tensor, hidden: int) -> torch.Tensor:
     return w.index_select(1, gate_order(hidden, w.device))
 
 
-def cell_step(
-    z: torch.Tensor,
-    c: torch.Tensor,
-    act: torch.Tensor,
-    c_out: torch.Tensor,
-    tc_out: torch.Tensor,
-    h_out: torch.Tensor,
-) -> None:
-    """One LSTM update from pre-activations z (K, B, 4H) and cell c (K, B, H), written into
-    ``act`` (gate activations o, i, f, g), ``c_out`` (new c), ``tc_out`` (tanh(c)), ``h_out``."""
-    hid = c.shape[-1]
-    torch.sigmoid(z, out=act)  # the g part is overwritten next (one contiguous sigmoid is cheaper)
-    torch.tanh(z[..., 3 * hid :], out=act[..., 3 * hid :])
-    o, i, f, g = (
-        act[..., :hid],
-        act[..., hid : 2 * hid],
-        act[..., 2 * hid : 3 * hid],
-        act[..., 3 * hid :],
-    )
-    torch.mul(f, c, out=c_out).addcmul_(i, g)
-    torch.tanh(c_out, out=tc_out)
-    torch.mul(o, tc_out, out=h_out)
-
-
 class LSTMSequence(torch.autograd.Function):
-    """One bundled LSTM layer over T steps: (xp, w_hh, h0, c0, active) -> (hs, cs).
+    """One bundled LSTM layer over T steps: (xp, w_hh, h0, c0, active, bias) -> (hs, cs).
 
-    xp (K, T, B, 4H) input projections incl. both biases and w_hh (K, 4H, H), both in our
-    gate order (:func:`prepare_gates`); h0, c0 (K, B, H). Returns every step's hidden and
-    cell state (K, T, B, H) (cs so callers can take each sequence's own last cell state).
-    ``active`` (T ints; None or empty: all rows): rows each step must compute, a prefix; the
-    compiled path skips the rest (see the module doc), the torch-ops path computes all.
-    Per-step views are made once with ``unbind`` (slicing inside the loop costs as much
-    as the arithmetic at these sizes).
+    xp (K, T, B, 4H) input projections and w_hh (K, 4H, H), both in our gate order
+    (:func:`prepare_gates`); bias (K, 1, 4H) both biases summed, or None where xp includes
+    them; h0, c0 (K, B, H). Returns every step's hidden and cell state (K, T, B, H) (cs so
+    callers can take each sequence's own last cell state). ``active`` (T ints; None or
+    empty: all rows): rows each step must compute, a prefix; the compiled path skips the
+    rest (see the module doc), the torch-ops path computes all. Per-step views are made
+    once with ``unbind`` (slicing inside the loop costs as much as the arithmetic at these
+    sizes).
     """
 
     @staticmethod
@@ -117,12 +100,16 @@ class LSTMSequence(torch.autograd.Function):
         h0: torch.Tensor,
         c0: torch.Tensor,
         active: tuple[int, ...] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         kern = usable(xp, xp.shape[-1] // 4)
         ctx.active = active
+        ctx.has_bias = bias is not None
         if kern is not None:
-            return _fused_forward(ctx, kern, xp, w_hh, h0, c0, active)
+            return _fused_forward(ctx, kern, xp, w_hh, h0, c0, active, bias)
         ctx.fused = None
+        if bias is not None:
+            xp = xp + bias.unsqueeze(1)
         k, t_len, b, g4 = xp.shape
         hid = g4 // 4
         w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
@@ -151,9 +138,9 @@ class LSTMSequence(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, dhs: torch.Tensor | None, dcs: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    ) -> tuple[torch.Tensor | None, ...]:
         if ctx.fused is not None:
-            return (*_fused_backward(ctx, dhs, dcs), None)
+            return _fused_backward(ctx, dhs, dcs)
         act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
         k, t_len, b, g4 = act.shape
         hid = g4 // 4
@@ -183,11 +170,23 @@ class LSTMSequence(torch.autograd.Function):
                 torch.mul(dh, coef_o[j], out=d_o[t])  # o scales with dh
                 dc.mul_(f_t[j])
                 dh = torch.bmm(d_gates[:, t], w_hh)
-        h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)
-        d_w_hh = torch.bmm(
-            d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.view(k, t_len * b, hid)
-        )
-        return d_gates, d_w_hh, dh, dc, None
+        d_w_hh = _d_w_hh(d_gates, hs, h0)
+        d_bias = d_gates.view(k, t_len * b, g4).sum(1, keepdim=True) if ctx.has_bias else None
+        return d_gates, d_w_hh, dh, dc, None, d_bias
+
+
+def _d_w_hh(d_gates: torch.Tensor, hs: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    """dW_hh (K, 4H, H) = sum over steps and rows of d_gates_t h_{t-1}^T, one ``bmm``."""
+    k, t_len, b, g4 = d_gates.shape
+    h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)
+    return torch.bmm(
+        d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.reshape(k, t_len * b, g4 // 4)
+    )
+
+
+def _rows(active: tuple[int, ...] | None) -> Any:
+    """``active`` as a C int array for the kernels (None: every row)."""
+    return (ctypes.c_int * len(active))(*active) if active else None
 
 
 def _fused_forward(
@@ -198,65 +197,52 @@ def _fused_forward(
     h0: torch.Tensor,
     c0: torch.Tensor,
     active: tuple[int, ...] | None,
+    bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:class:`LSTMSequence`'s forward with the C cell (:mod:`ckernels`): per step one
-    ``baddbmm`` and one kernel call, over the first ``active[t]`` rows of each member only.
-    Rows past that stay 0 in every output (their sequences have ended)."""
+    """:class:`LSTMSequence`'s forward as one call of the compiled layer
+    (``kernels/lstm_seq.c``: the recurrent matmul and the cell of every step), over the
+    first ``active[t]`` rows of each member only. Rows past that stay 0 in every output
+    (their sequences have ended)."""
     k, t_len, b, g4 = xp.shape
     hid = g4 // 4
-    w_hh_t = w_hh.transpose(1, 2)  # (K, H, 4H)
+    xp, h0, c0 = xp.contiguous(), h0.contiguous(), c0.contiguous()
+    w_t = w_hh.transpose(1, 2).contiguous()  # (K, H, 4H)
+    b_c = bias.contiguous() if bias is not None else None
     act = xp.new_empty(k, t_len, b, g4)  # gate activations o, i, f, g (of live rows)
     hs = xp.new_empty(k, t_len, b, hid)  # the kernel writes 0 past the live rows
     cs, tcs = torch.empty_like(hs), torch.empty_like(hs)  # cell states, tanh(c) (live rows)
-    h0, c0 = h0.contiguous(), c0.contiguous()
-    z = xp.new_empty(k * b * g4)
-    ks_g, ks_h = t_len * b * g4, t_len * b * hid  # member strides of the (K, T, B, .) buffers
-    xps, acts, hss, css, tcss = (x.unbind(1) for x in (xp, act, hs, cs, tcs))
-    h, c, c_ks = h0, c0, b * hid
-    for t in range(t_len):
-        n = active[t] if active else b
-        zt = z[: k * n * g4].view(k, n, g4)
-        torch.baddbmm(xps[t][:, :n], h[:, :n], w_hh_t, out=zt)
-        kern.fwd_step(k, n, b, hid, ptr(zt), n * g4, ptr(c), c_ks, ptr(acts[t]), ks_g,
-                      ptr(css[t]), ptr(tcss[t]), ptr(hss[t]), ks_h)
-        h, c, c_ks = hss[t], css[t], ks_h
+    kern.fwd_seq(k, t_len, b, hid, ptr(xp), _ptr(b_c), ptr(w_t), ptr(h0), ptr(c0),
+                 _rows(active), ptr(act), ptr(cs), ptr(tcs), ptr(hs))
     ctx.fused = kern
     ctx.save_for_backward(act, hs, cs, tcs, h0, c0, w_hh)
     ctx.set_materialize_grads(False)
     return hs, cs
 
 
+def _ptr(x: torch.Tensor | None) -> int | None:
+    return None if x is None else ptr(x)
+
+
 def _fused_backward(
     ctx: Any, dhs: torch.Tensor | None, dcs: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of :func:`_fused_forward`: per step one kernel call (gate gradients and
-    the cell gradient through the forget gate) and one ``bmm`` (dh through ``W_hh``)."""
+) -> tuple[torch.Tensor | None, ...]:
+    """The backward of :func:`_fused_forward`: one call of the compiled layer's backward
+    (gate gradients, dh through ``W_hh`` and the bias gradient of every step), then
+    ``dW_hh`` as one ``bmm``."""
     kern: CpuKernels = ctx.fused
-    active: tuple[int, ...] | None = ctx.active
     act, hs, cs, tcs, h0, c0, w_hh = ctx.saved_tensors
     k, t_len, b, g4 = act.shape
     hid = g4 // 4
-    ks_g, ks_h = t_len * b * g4, t_len * b * hid
+    w_c = w_hh.contiguous()
+    dhs_c = dhs.contiguous() if dhs is not None else None
+    dcs_c = dcs.contiguous() if dcs is not None else None
     d_gates = torch.empty_like(act)  # (K, T, B, 4H); the kernel writes 0 past the live rows
-    dh, dc = hs.new_zeros(k, b, hid), hs.new_zeros(k, b, hid)
-    acts, css, tcss, d_all = (x.unbind(1) for x in (act, cs, tcs, d_gates))
-    dhs_t = dhs.contiguous().unbind(1) if dhs is not None else None
-    dcs_t = dcs.contiguous().unbind(1) if dcs is not None else None
-    for t in range(t_len - 1, -1, -1):
-        n = active[t] if active else b
-        c_prev, cp_ks = (c0, b * hid) if t == 0 else (css[t - 1], ks_h)
-        kern.bwd_step(
-            k, n, b, hid, ptr(dh), ptr(dc), b * hid,
-            None if dhs_t is None else ptr(dhs_t[t]), None if dcs_t is None else ptr(dcs_t[t]),
-            ks_h, ptr(acts[t]), ks_g, ptr(tcss[t]), ks_h, ptr(c_prev), cp_ks,
-            ptr(d_all[t]), ks_g,
-        )
-        torch.bmm(d_all[t][:, :n], w_hh, out=dh[:, :n])
-    h_prev = torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1)
-    d_w_hh = torch.bmm(
-        d_gates.view(k, t_len * b, g4).transpose(1, 2), h_prev.view(k, t_len * b, hid)
-    )
-    return d_gates, d_w_hh, dh, dc
+    dh, dc = hs.new_empty(k, b, hid), hs.new_empty(k, b, hid)
+    d_bias = act.new_empty(k, 1, g4) if ctx.has_bias else None
+    kern.bwd_seq(k, t_len, b, hid, ptr(w_c), _ptr(dhs_c), _ptr(dcs_c), ptr(act), ptr(cs),
+                 ptr(tcs), ptr(c0), _rows(ctx.active), ptr(d_gates), ptr(dh), ptr(dc),
+                 _ptr(d_bias))
+    return d_gates, _d_w_hh(d_gates, hs, h0), dh, dc, None, d_bias
 
 
 def _gate_derivatives(
@@ -324,27 +310,37 @@ def _member_blocks(*xs: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def lstm_sequence_eval(
-    xp2: torch.Tensor, w_hh2: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+    xp2: torch.Tensor,
+    w_hh2: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    bias2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The LSTM layer without gradients, with ``tanh(x) = 2 sigmoid(2x) - 1``: one sigmoid
     over all four gates and one over the cell, no ``tanh`` (which costs about five sigmoids
     per element on a CPU core, more on the strided g block). 1.8x the training cell's
     forward at K=8, B=256.
 
-    xp2 (K, T, B, 4H) and w_hh2 (K, 4H, H) as for :class:`LSTMSequence` but with the g block
-    doubled (:func:`double_g`), so ``sigmoid`` of it is ``sigmoid(2 x_g)``; the cell is kept
-    doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i sigmoid(2 x_g) - 2 i``, ``tanh(c) =
-    2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H) like the training cell, to ~1e-6.
-    On a CPU a step is one ``baddbmm`` and one call of the compiled C step
-    (``lstm_eval_step``), else the torch ops of :func:`cell_step_eval`.
+    xp2 (K, T, B, 4H), bias2 (K, 1, 4H; None: included in xp2) and w_hh2 (K, 4H, H) as for
+    :class:`LSTMSequence` but with the g block doubled (:func:`double_g`), so ``sigmoid`` of
+    it is ``sigmoid(2 x_g)``; the cell is kept doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i
+    sigmoid(2 x_g) - 2 i``, ``tanh(c) = 2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H)
+    like the training cell, to ~1e-6. A step is one ``baddbmm`` and :func:`cell_step_eval`
+    (on a CPU one call of the compiled ``lstm_eval_step``). Unlike training's, this layer
+    as one C call (with the matmul of ``kernels/lstm_seq.c``) was slower: at evaluation's
+    256 rows per member MKL's ``baddbmm`` is the faster matmul (K=8, T=31, B=256: 15.5 ms
+    per layer as one C call, 14.3 ms this way; AMD EPYC).
     """
     k, t_len, b, g4 = xp2.shape
-    w_t = w_hh2.transpose(1, 2)  # (K, H, 4H)
     hs = xp2.new_empty(k, t_len, b, g4 // 4)
     cs2 = torch.empty_like(hs)
+    c2 = c0 * 2.0
+    if bias2 is not None:
+        xp2 = xp2 + bias2.unsqueeze(1)
+    w_t = w_hh2.transpose(1, 2)  # (K, H, 4H)
     z, s, tc = xp2.new_empty(k, b, g4), xp2.new_empty(k, b, g4), torch.empty_like(h0)
     xps, hss, css = xp2.unbind(1), hs.unbind(1), cs2.unbind(1)
-    h, c2 = h0, c0 * 2.0
+    h = h0
     for t in range(t_len):
         cell_step_eval(torch.baddbmm(xps[t], h, w_t, out=z), c2, s, css[t], tc, hss[t])
         h, c2 = hss[t], css[t]
@@ -357,7 +353,8 @@ def lstm_sequence(
     h0: torch.Tensor,
     c0: torch.Tensor,
     active: tuple[int, ...] | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Typed wrapper of :class:`LSTMSequence` (see there for shapes and ``active``)."""
-    out = LSTMSequence.apply(xp, w_hh, h0, c0, active)
+    """Typed wrapper of :class:`LSTMSequence` (see there for shapes, ``active`` and ``bias``)."""
+    out = LSTMSequence.apply(xp, w_hh, h0, c0, active, bias)
     return out[0], out[1]

@@ -1,0 +1,233 @@
+/* Whole-sequence LSTM layers for the bundled seq2seq model on a CPU (float32): the
+ * recurrent matmul of every time step is done here, next to the cell update, so a layer
+ * over T steps is one call instead of T (baddbmm + cell kernel) pairs from Python.
+ *
+ * Built with the other kernels into one library (trainables/models/ckernels.py). Layout as
+ * in lstm_cell.c: K members, each (T, B, .) contiguous; gates in the order o, i, f, g.
+ * A member's weights (16 KB at H = 32) stay in L1 while all its steps run.
+ *
+ * Matmuls accumulate each output element over the inner index in order, with separate
+ * multiply and add (contraction off), in 16-lane vectors whose remainder lanes are done by
+ * scalar code of the same operations: an element's bits depend only on its own row, never
+ * on the row's place in a block, a member's place in the bundle or the blocking (a bundle
+ * member and its lone run stay bit-identical).
+ */
+#include "fmath.h"
+
+#define FT 8 /* vectors per column tile (128 floats): 2 rows x 8 accumulators + 8 weights */
+#define BT 4 /* vectors per column tile in the backward's dh (rows in fours) */
+
+/* out[r][g] = (x[r][g] + bias[g]) + sum_j h[r][j] w[j][g] for R (1 or 2) rows and the
+ * 16 * nv columns from g0; bias may be NULL (none). w: (J, G) row-major. */
+static inline __attribute__((always_inline)) void mm_tile(
+    int R, int nv, int J, int G, int g0, const float *const *x, const float *bias,
+    const float *const *h, const float *restrict w, float *const *out) {
+    vf16 acc[2][FT];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++) {
+            acc[r][v] = vload(x[r] + g0 + 16 * v);
+            if (bias) acc[r][v] = acc[r][v] + vload(bias + g0 + 16 * v);
+        }
+    for (int j = 0; j < J; j++) {
+        const float *wj = w + (long)j * G + g0;
+        vf16 hj[2];
+        for (int r = 0; r < R; r++) hj[r] = vsplat(h[r][j]);
+        for (int v = 0; v < nv; v++) {
+            vf16 wv = vload(wj + 16 * v);
+            for (int r = 0; r < R; r++) acc[r][v] = acc[r][v] + hj[r] * wv;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++) vstore(out[r] + g0 + 16 * v, acc[r][v]);
+}
+
+/* The same for one row and the scalar columns g0 .. G - 1 (fewer than 16); x and bias
+ * may be NULL (start from 0; no bias). */
+static void mm_tail(int J, int G, int g0, const float *x, const float *bias, const float *h,
+                    const float *w, float *out) {
+    for (int g = g0; g < G; g++) {
+        float acc = x ? x[g] : 0.0f;
+        if (bias) acc = acc + bias[g];
+        for (int j = 0; j < J; j++) acc = acc + h[j] * w[(long)j * G + g];
+        out[g] = acc;
+    }
+}
+
+/* out (R rows of G) = (x + bias) + h (R rows of J) @ w (J, G), R = 1 or 2. */
+static inline void mm_rows(int R, int J, int G, const float *const *x, const float *bias,
+                           const float *const *h, const float *w, float *const *out) {
+    int g0 = 0;
+    for (; g0 + 16 * FT <= G; g0 += 16 * FT) {
+        if (R == 2) mm_tile(2, FT, J, G, g0, x, bias, h, w, out);
+        else mm_tile(1, FT, J, G, g0, x, bias, h, w, out);
+    }
+    for (; g0 + 16 <= G; g0 += 16) {
+        if (R == 2) mm_tile(2, 1, J, G, g0, x, bias, h, w, out);
+        else mm_tile(1, 1, J, G, g0, x, bias, h, w, out);
+    }
+    for (int r = 0; r < R; r++)
+        if (g0 < G) mm_tail(J, G, g0, x[r], bias, h[r], w, out[r]);
+}
+
+/* out[b] = (x[b] + bias) + h[b] @ w for rows b < n (row strides: the widths). */
+static void mm_block(int n, int J, int G, const float *x, const float *bias, const float *h,
+                     const float *w, float *out) {
+    int b = 0;
+    for (; b + 2 <= n; b += 2) {
+        const float *xs[2] = {x + (long)b * G, x + (long)(b + 1) * G};
+        const float *hs[2] = {h + (long)b * J, h + (long)(b + 1) * J};
+        float *os[2] = {out + (long)b * G, out + (long)(b + 1) * G};
+        mm_rows(2, J, G, xs, bias, hs, w, os);
+    }
+    if (b < n) {
+        const float *xs[1] = {x + (long)b * G};
+        const float *hs[1] = {h + (long)b * J};
+        float *os[1] = {out + (long)b * G};
+        mm_rows(1, J, G, xs, bias, hs, w, os);
+    }
+}
+
+/* dh[b][j] = sum_g dg[b][g] w[g][j] (g in order) for rows b < n; w (G, H) row-major. Rows
+ * in fours, BT vectors of j at a time; remainders of the same operations. */
+static void mm_back(int n, int G, int H, const float *dg, const float *w, float *dh) {
+    int b = 0;
+    for (; b + 4 <= n; b += 4) {
+        int j0 = 0;
+        for (; j0 + 16 * BT <= H; j0 += 16 * BT) {
+            vf16 acc[4][BT];
+            for (int r = 0; r < 4; r++)
+                for (int v = 0; v < BT; v++) acc[r][v] = vsplat(0.0f);
+            for (int g = 0; g < G; g++) {
+                const float *wg = w + (long)g * H + j0;
+                vf16 d[4];
+                for (int r = 0; r < 4; r++) d[r] = vsplat(dg[(long)(b + r) * G + g]);
+                for (int v = 0; v < BT; v++) {
+                    vf16 wv = vload(wg + 16 * v);
+                    for (int r = 0; r < 4; r++) acc[r][v] = acc[r][v] + d[r] * wv;
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                for (int v = 0; v < BT; v++) vstore(dh + (long)(b + r) * H + j0 + 16 * v, acc[r][v]);
+        }
+        for (; j0 + 16 <= H; j0 += 16) {
+            vf16 acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
+            for (int g = 0; g < G; g++) {
+                vf16 wv = vload(w + (long)g * H + j0);
+                for (int r = 0; r < 4; r++) acc[r] = acc[r] + vsplat(dg[(long)(b + r) * G + g]) * wv;
+            }
+            for (int r = 0; r < 4; r++) vstore(dh + (long)(b + r) * H + j0, acc[r]);
+        }
+        for (int r = 0; r < 4; r++)
+            if (j0 < H) mm_tail(G, H, j0, 0, 0, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
+    }
+    for (; b < n; b++) {
+        int j0 = 0;
+        for (; j0 + 16 <= H; j0 += 16) {
+            vf16 acc = vsplat(0.0f);
+            for (int g = 0; g < G; g++) acc = acc + vsplat(dg[(long)b * G + g]) * vload(w + (long)g * H + j0);
+            vstore(dh + (long)b * H + j0, acc);
+        }
+        if (j0 < H) mm_tail(G, H, j0, 0, 0, dg + (long)b * G, w, dh + (long)b * H);
+    }
+}
+
+/* The activations of one row in place: z (o, i, f, g pre-activations) -> act; then c, tanh(c), h. */
+static inline void cell_row(int H, float *restrict a, const float *restrict cp,
+                            float *restrict c_out, float *restrict tc_out, float *restrict h_out) {
+    for (int j = 0; j < 3 * H; j++) a[j] = sigmoid_f(a[j]);
+    for (int j = 3 * H; j < 4 * H; j++) a[j] = tanh_f(a[j]);
+    for (int j = 0; j < H; j++) {
+        float c = a[2 * H + j] * cp[j] + a[H + j] * a[3 * H + j];
+        float tc = tanh_f(c);
+        c_out[j] = c;
+        tc_out[j] = tc;
+        h_out[j] = a[j] * tc;
+    }
+}
+
+static const float zeros[1024];
+
+static inline void add_row(int n, const float *restrict x, float *restrict acc) {
+    for (int j = 0; j < n; j++) acc[j] = acc[j] + x[j];
+}
+
+/* One row of the backward step (as lstm_cell.c's): dh, dc flow back from step t + 1 (dc is
+ * left as the gradient of c_{t-1} through the forget gate); dho, dco are the outputs'
+ * gradients at step t (zeros if none); writes the gate pre-activation gradients dg. */
+static inline void bwd_row(int H, const float *restrict dh, float *restrict dc,
+                           const float *restrict dho, const float *restrict dco,
+                           const float *restrict act, const float *restrict tc_t,
+                           const float *restrict cp, float *restrict dg) {
+    for (int j = 0; j < H; j++) {
+        float o = act[j], i = act[H + j], f = act[2 * H + j], g = act[3 * H + j], tc = tc_t[j];
+        float h_grad = dh[j] + dho[j];
+        float c_grad = dc[j] + dco[j] + h_grad * (o * (1.0f - tc * tc));
+        dg[j] = h_grad * (tc * o * (1.0f - o));
+        dg[H + j] = c_grad * (g * i * (1.0f - i));
+        dg[2 * H + j] = c_grad * (cp[j] * f * (1.0f - f));
+        dg[3 * H + j] = c_grad * (i * (1.0f - g * g));
+        dc[j] = c_grad * f;
+    }
+}
+
+/* Training forward of one layer over T steps. xp (K, T, B, 4H) input projections, bias
+ * (K, 4H) both biases summed (NULL: included in xp), w_t (K, H, 4H) = W_hh transposed,
+ * h0, c0 (K, B, H); active: T row counts (each
+ * step computes rows < active[t], the rows whose sequences go on; NULL: all). Writes act
+ * (K, T, B, 4H) gate activations and cs, tcs, hs (K, T, B, H); past the live rows c and h
+ * are 0, act and tanh(c) unwritten. */
+void lstm_fwd_seq(int K, int T, int B, int H, const float *xp, const float *bias, const float *w_t,
+                  const float *h0, const float *c0, const int *active,
+                  float *act, float *cs, float *tcs, float *hs) {
+    long G = 4L * H, sg = (long)B * G, sh = (long)B * H;
+    for (int k = 0; k < K; k++) {
+        const float *w = w_t + k * H * G;
+        const float *h = h0 + k * sh, *c = c0 + k * sh;
+        for (int t = 0; t < T; t++) {
+            long og = ((long)k * T + t) * sg, oh = ((long)k * T + t) * sh;
+            int n = active ? active[t] : B;
+            mm_block(n, H, G, xp + og, bias ? bias + k * G : 0, h, w, act + og);
+            for (int b = 0; b < n; b++)
+                cell_row(H, act + og + b * G, c + b * H, cs + oh + b * H, tcs + oh + b * H,
+                         hs + oh + b * H);
+            if (n < B) {
+                memset(cs + oh + (long)n * H, 0, (sh - (long)n * H) * sizeof(float));
+                memset(hs + oh + (long)n * H, 0, (sh - (long)n * H) * sizeof(float));
+            }
+            h = hs + oh;
+            c = cs + oh;
+        }
+    }
+}
+
+/* Training backward of lstm_fwd_seq. dhs, dcs (K, T, B, H; NULL: none) are the outputs'
+ * gradients; w_hh (K, 4H, H). Writes d_gates (K, T, B, 4H; 0 past the live rows), dh, dc
+ * (K, B, H): the gradients of h0 and c0, and (unless NULL) d_bias (K, 4H): d_gates summed
+ * over the live rows in a fixed order (steps from the last, rows in order), so padding a
+ * member's batch with ended rows or steps adds nothing to it. */
+void lstm_bwd_seq(int K, int T, int B, int H, const float *w_hh, const float *dhs,
+                  const float *dcs, const float *act, const float *cs, const float *tcs,
+                  const float *c0, const int *active, float *d_gates, float *dh, float *dc,
+                  float *d_bias) {
+    long G = 4L * H, sg = (long)B * G, sh = (long)B * H;
+    memset(dh, 0, K * sh * sizeof(float));
+    memset(dc, 0, K * sh * sizeof(float));
+    if (d_bias) memset(d_bias, 0, K * G * sizeof(float));
+    for (int k = 0; k < K; k++) {
+        const float *w = w_hh + k * G * H;
+        float *dhk = dh + k * sh, *dck = dc + k * sh;
+        for (int t = T - 1; t >= 0; t--) {
+            long og = ((long)k * T + t) * sg, oh = ((long)k * T + t) * sh;
+            int n = active ? active[t] : B;
+            const float *cp = t ? cs + oh - sh : c0 + k * sh;
+            for (int b = 0; b < n; b++)
+                bwd_row(H, dhk + b * H, dck + b * H, dhs ? dhs + oh + b * H : zeros,
+                        dcs ? dcs + oh + b * H : zeros, act + og + b * G, tcs + oh + b * H,
+                        cp + b * H, d_gates + og + b * G);
+            if (d_bias)
+                for (int b = 0; b < n; b++) add_row(G, d_gates + og + b * G, d_bias + k * G);
+            if (n < B) memset(d_gates + og + n * G, 0, (sg - n * G) * sizeof(float));
+            mm_back(n, G, H, d_gates + og, w, dhk);
+        }
+    }
+}
