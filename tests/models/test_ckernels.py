@@ -37,13 +37,16 @@ def run_cell(
     active: tuple[int, ...] | None = None,
     live: tuple[int, ...] | None = None,
 ) -> list[torch.Tensor]:
-    """hs, cs and the gradients of xp, w_hh, h0, c0 for fixed random inputs; the upstream
-    gradient is zero on rows past ``live`` (as the model's is on ended sequences)."""
+    """hs, cs and the gradients of x, w_ih, bias, w_hh, h0, c0 for fixed random inputs (E =
+    H + 3); the upstream gradient is zero on rows past ``live`` (as the model's is on ended
+    sequences)."""
     monkeypatch.setenv(ckernels.SWITCH, "1" if fused else "0")
     cpu_kernels.cache_clear()
     k, t, b, h = shape
     g = torch.Generator().manual_seed(0)
-    xp = torch.randn(k, t, b, 4 * h, generator=g).requires_grad_()
+    x = torch.randn(k, t, b, h + 3, generator=g).requires_grad_()
+    w_ih = (torch.randn(k, 4 * h, h + 3, generator=g) * 0.5).requires_grad_()
+    bias = torch.randn(k, 1, 4 * h, generator=g).requires_grad_()
     w = (torch.randn(k, 4 * h, h, generator=g) * 0.5).requires_grad_()
     h0 = torch.randn(k, b, h, generator=g).requires_grad_()
     c0 = torch.randn(k, b, h, generator=g).requires_grad_()
@@ -53,10 +56,14 @@ def run_cell(
         for step, n in enumerate(live):
             keep[:, step, :n] = 1.0
         up_h, up_c = up_h * keep, up_c * keep
-    hs, cs = lstm_sequence(xp, w, h0, c0, active)
+    hs, cs = lstm_sequence(x, w_ih, w, h0, c0, active, bias)
     ((hs * up_h).sum() + (cs * up_c).sum()).backward()
-    assert xp.grad is not None and w.grad is not None and h0.grad is not None and c0.grad is not None
-    return [hs.detach(), cs.detach(), xp.grad, w.grad, h0.grad, c0.grad]
+    grads = [x.grad, w_ih.grad, bias.grad, w.grad, h0.grad, c0.grad]
+    assert all(gr is not None for gr in grads)
+    return [hs.detach(), cs.detach(), *grads]  # type: ignore[list-item]
+
+
+NAMES = ["hs", "cs", "d_x", "d_w_ih", "d_bias", "d_w_hh", "d_h0", "d_c0"]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,9 +78,9 @@ def test_fused_cell_equals_the_torch_ops_cell(
     kernels()
     fused = run_cell(True, monkeypatch, shape)
     ops = run_cell(False, monkeypatch, shape)
-    for name, a, b in zip(["hs", "cs", "d_xp", "d_w_hh", "d_h0", "d_c0"], fused, ops, strict=True):
+    for name, a, b in zip(NAMES, fused, ops, strict=True):
         assert rel(a, b) < 2e-6, name
-    assert rel(fused[3], ops[3] * 1.0001) > 5e-5  # the comparison can fail
+    assert rel(fused[5], ops[5] * 1.0001) > 5e-5  # the comparison can fail
 
 
 def test_skipping_ended_rows_changes_no_live_value(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,19 +97,20 @@ def test_skipping_ended_rows_changes_no_live_value(monkeypatch: pytest.MonkeyPat
     for a, b in zip(part[:2], full[:2], strict=True):
         assert rel(a * live, b * live) < 1e-6
         assert torch.count_nonzero(a * ~live) == 0
-    for name, a, b in zip(["d_xp", "d_w_hh", "d_h0", "d_c0"], part[2:], full[2:], strict=True):
+    for name, a, b in zip(NAMES[2:], part[2:], full[2:], strict=True):
         assert rel(a, b) < 1e-6, name
 
 
 def layer_outputs(
-    xp: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+    x: torch.Tensor, bias: torch.Tensor, w: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     up: torch.Tensor, active: tuple[int, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The compiled layer's outputs and gradients for upstream gradient ``up`` on hs."""
-    xp, bias, h0, c0 = (x.clone().requires_grad_() for x in (xp, bias, h0, c0))
-    hs, cs = lstm_sequence(xp, w, h0, c0, active, bias)
+    """The compiled layer's outputs and gradients for upstream gradient ``up`` on hs; W_ih
+    is ``w`` (K, 4H, H) again, so the inputs x are (K, T, B, H)."""
+    x, bias, h0, c0 = (v.clone().requires_grad_() for v in (x, bias, h0, c0))
+    hs, cs = lstm_sequence(x, w, w, h0, c0, active, bias)
     (hs * up).sum().backward()
-    grads = {"d_xp": xp.grad, "d_bias": bias.grad, "d_h0": h0.grad, "d_c0": c0.grad}
+    grads = {"d_x": x.grad, "d_bias": bias.grad, "d_h0": h0.grad, "d_c0": c0.grad}
     return {"hs": hs.detach(), "cs": cs.detach(), **{k: v for k, v in grads.items() if v is not None}}
 
 
@@ -115,7 +123,7 @@ def test_a_rows_result_does_not_depend_on_its_place(hidden: int) -> None:
     kernels()
     g = torch.Generator().manual_seed(1)
     k, t, b, h = 3, 4, 7, hidden
-    xp = torch.randn(k, t, b, 4 * h, generator=g) * 2
+    xs = torch.randn(k, t, b, h, generator=g) * 2
     bias = torch.randn(k, 1, 4 * h, generator=g)
     w = torch.randn(k, 4 * h, h, generator=g) * 0.5
     h0, c0 = torch.randn(k, b, h, generator=g), torch.randn(k, b, h, generator=g)
@@ -124,22 +132,22 @@ def test_a_rows_result_does_not_depend_on_its_place(hidden: int) -> None:
     def take(x: torch.Tensor, member: slice, rows: slice) -> torch.Tensor:
         return (x[member, :, rows] if x.dim() == 4 else x[member, rows]).contiguous()
 
-    block = layer_outputs(xp[1:2], bias[1:2], w[1:2], h0[1:2], c0[1:2], up[1:2])
+    block = layer_outputs(xs[1:2], bias[1:2], w[1:2], h0[1:2], c0[1:2], up[1:2])
     row = slice(3, 4)
-    alone = layer_outputs(*(take(x, slice(1, 2), row) for x in (xp,)), bias[1:2], w[1:2],
+    alone = layer_outputs(take(xs, slice(1, 2), row), bias[1:2], w[1:2],
                           take(h0, slice(1, 2), row), take(c0, slice(1, 2), row), take(up, slice(1, 2), row))
-    for name in ("hs", "cs", "d_xp", "d_h0", "d_c0"):
+    for name in ("hs", "cs", "d_x", "d_h0", "d_c0"):
         got = take(block[name], slice(0, 1), row)
         assert torch.equal(got, alone[name]), name
 
-    bundle = layer_outputs(xp, bias, w, h0, c0, up)
-    for name in ("hs", "cs", "d_xp", "d_bias", "d_h0", "d_c0"):
+    bundle = layer_outputs(xs, bias, w, h0, c0, up)
+    for name in ("hs", "cs", "d_x", "d_bias", "d_h0", "d_c0"):
         assert torch.equal(bundle[name][1:2], block[name]), name
     assert rel(block["hs"], bundle["hs"][0:1]) > 1e-3  # members differ: the check can fail
 
-    pad = torch.zeros(1, 2, b, 4 * h)  # two more steps in which no row is live
-    longer = layer_outputs(torch.cat([xp[1:2], pad], 1), bias[1:2], w[1:2], h0[1:2], c0[1:2],
-                           torch.cat([up[1:2], pad[..., :h]], 1), (b,) * t + (0, 0))
+    pad = torch.randn(1, 2, b, h, generator=g)  # two more steps in which no row is live
+    longer = layer_outputs(torch.cat([xs[1:2], pad], 1), bias[1:2], w[1:2], h0[1:2], c0[1:2],
+                           torch.cat([up[1:2], torch.zeros_like(pad)], 1), (b,) * t + (0, 0))
     assert torch.equal(longer["d_bias"], block["d_bias"])
     assert torch.equal(longer["hs"][:, :t], block["hs"])
     assert torch.count_nonzero(longer["hs"][:, t:]) == 0
@@ -178,8 +186,8 @@ def test_a_failing_compiler_warns_and_falls_back(tmp_path: Path, monkeypatch: py
     with pytest.warns(RuntimeWarning, match="runs as torch ops"):
         assert cpu_kernels() is None
     assert list((tmp_path / "kernels").iterdir()) == []  # no half-written library left
-    xp, c0 = torch.randn(1, 1, 3, 8), torch.randn(1, 3, 2)  # one step, W_hh = 0
-    hs, cs = lstm_sequence(xp, torch.zeros(1, 8, 2), torch.zeros(1, 3, 2), c0)
+    xp, c0 = torch.randn(1, 1, 3, 8), torch.randn(1, 3, 2)  # one step, W_ih = I, W_hh = 0
+    hs, cs = lstm_sequence(xp, torch.eye(8)[None], torch.zeros(1, 8, 2), torch.zeros(1, 3, 2), c0)
     o, i, f, _ = xp[0, 0].sigmoid().split(2, -1)  # gate order o, i, f, g
     c = f * c0[0] + i * xp[0, 0, :, 6:].tanh()
     assert rel(cs[0, 0], c) < 1e-6 and rel(hs[0, 0], o * c.tanh()) < 1e-6

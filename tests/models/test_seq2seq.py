@@ -496,13 +496,14 @@ def test_eval_cell_equals_the_training_cell(dtype: torch.dtype, tol: float, kern
     xp = torch.randn(k, t, b, 4 * h, generator=gen, dtype=dtype) * 2
     w = torch.randn(k, 4 * h, h, generator=gen, dtype=dtype) * 0.5
     h0, c0 = (torch.randn(k, b, h, generator=gen, dtype=dtype) for _ in range(2))
+    eye = torch.eye(4 * h, dtype=dtype).expand(k, -1, -1)  # W_ih = I: the inputs are xp
     with torch.no_grad():
-        hs, cs = seq2seq_cells.lstm_sequence(xp, w, h0, c0)
+        hs, cs = seq2seq_cells.lstm_sequence(xp, eye, w, h0, c0)
         xp2, w2 = seq2seq_cells.double_g(xp, h), seq2seq_cells.double_g(w, h, 1)
         hs_e, cs_e = seq2seq_cells.lstm_sequence_eval(xp2, w2, h0, c0)
     assert torch.equal(xp2[..., : 3 * h], xp[..., : 3 * h]) and torch.equal(xp2[..., 3 * h :], 2 * xp[..., 3 * h :])
     assert rel(hs_e, hs) < tol and rel(cs_e, cs) < tol
-    assert rel(hs_e, seq2seq_cells.lstm_sequence(xp, w * 1.01, h0, c0)[0]) > 1e-4  # it can fail
+    assert rel(hs_e, seq2seq_cells.lstm_sequence(xp, eye, w * 1.01, h0, c0)[0]) > 1e-4  # it can fail
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

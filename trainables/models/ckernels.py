@@ -1,7 +1,7 @@
 """Fused CPU kernels for the seq2seq model, compiled at first use.
 
 :file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
-and backward, the recurrent matmul included), :file:`kernels/lstm_cell.c` one evaluation
+and backward, the input projection and the recurrent matmul included), :file:`kernels/lstm_cell.c` one evaluation
 time step, :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
 output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
 plain C loops (see their headers). They are compiled once per machine with the system C
@@ -75,8 +75,8 @@ class CpuKernels:
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
         self.eval_step = _bind(lib.lstm_eval_step, [_I, _I, _I, _F, _L, _F, _L, _F, _F, _L])
-        self.fwd_seq = _bind(lib.lstm_fwd_seq, [_I, _I, _I, _I, *[_F] * 10])
-        self.bwd_seq = _bind(lib.lstm_bwd_seq, [_I, _I, _I, _I, *[_F] * 12])
+        self.fwd_seq = _bind(lib.lstm_fwd_seq, [_I] * 5 + [_F] * 11)
+        self.bwd_seq = _bind(lib.lstm_bwd_seq, [_I] * 5 + [_F] * 14)
         self.argmax = _bind(lib.logits_argmax, [_I, _I, _F, _F])
         self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])

@@ -93,20 +93,23 @@ class _Weights:
 
     def lstm(
         self,
-        xp: torch.Tensor,
+        inputs: torch.Tensor,
         layer: _Layer,
         h0: torch.Tensor,
         c0: torch.Tensor,
         active: tuple[int, ...] = (),
-        biased: bool = False,
+        looked_up: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer over all steps: xp (K, T, B, 4H) -> hs, cs (K, T, B, H); ``biased``:
-        xp already includes the layer's bias (a table lookup), else the layer adds it. In
-        training, step t computes only the first ``active[t]`` rows (all where empty)."""
-        bias = None if biased else layer.bias
+        """One layer over all steps: inputs (K, T, B, in) -> hs, cs (K, T, B, H); with
+        ``looked_up`` (evaluation) the inputs are already the input projections, biases
+        included (K, T, B, 4H), from a table. In training, step t computes only the first
+        ``active[t]`` rows (all where empty), and the layer projects its inputs itself."""
         if self.evaluation:
-            return lstm_sequence_eval(xp, layer.w_hh, h0, c0, bias)
-        return lstm_sequence(xp, layer.w_hh, h0, c0, active, bias)
+            xp = inputs if looked_up else _project(inputs, layer)
+            return lstm_sequence_eval(xp, layer.w_hh, h0, c0, None if looked_up else layer.bias)
+        assert not looked_up, "training has no projection tables"
+        w_ih = layer.w_ih_t.transpose(1, 2)  # (K, 4H, in)
+        return lstm_sequence(inputs, w_ih, layer.w_hh, h0, c0, active, layer.bias)
 
     def tanh_(self, x: torch.Tensor) -> torch.Tensor:
         """tanh of a pre-activation made with the combine weights (doubled in evaluation)."""
@@ -165,9 +168,8 @@ def _embed(table: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def _project(x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-    """Input projections of all steps in one matmul: x (K, T, B, in) -> (K, T, B, 4H),
-    without the bias (the LSTM layer adds it: a broadcast bias in ``baddbmm`` costs a copy
-    of the whole output first, ~3 ms of a K=8 training step)."""
+    """Evaluation's input projections of all steps in one matmul: x (K, T, B, in) -> (K, T,
+    B, 4H), without the bias (the LSTM layer adds it). Training projects inside the layer."""
     k, t, b, e = x.shape
     return torch.bmm(x.reshape(k, t * b, e), layer.w_ih_t).view(k, t, b, -1)
 
@@ -203,13 +205,12 @@ class FastEngine(Engine):
         for layer in w.encoder:
             outs, finals = [], []
             for d, cell in enumerate(layer):  # d = 1: the reverse direction
-                if x is None:
+                if x is None:  # evaluation: layer 0's input projections looked up
                     assert w.src_table is not None
-                    xp = _embed(w.src_table[d], ids if d == 0 else ids.gather(1, rev), a.src_vocab)
+                    inp = _embed(w.src_table[d], ids if d == 0 else ids.gather(1, rev), a.src_vocab)
                 else:
-                    xp = _project(x if d == 0 else _time_gather(x, rev), cell)
-                biased = x is None  # looked up: the table includes the bias
-                hs, cs = w.lstm(xp, cell, zeros, zeros, batch.src_active, biased)  # (K, S, B, H)
+                    inp = x if d == 0 else _time_gather(x, rev)
+                hs, cs = w.lstm(inp, cell, zeros, zeros, batch.src_active, x is None)  # (K, S, B, H)
                 finals.append((hs.gather(1, last).squeeze(1), cs.gather(1, last).squeeze(1)))
                 outs.append(hs if d == 0 else _time_gather(hs, rev))
             x = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
@@ -320,9 +321,7 @@ class FastEngine(Engine):
         training steps of the paper config (the contract test).
         """
         for n, (layer, h0, c0) in enumerate(zip(w.decoder, h_fin, c_fin, strict=True)):
-            biased = n == 0 and w.tgt_table is not None  # looked up: the table includes the bias
-            xp = y if biased else _project(y, layer)
-            y, _ = w.lstm(xp, layer, h0, c0, active, biased)
+            y, _ = w.lstm(y, layer, h0, c0, active, n == 0 and w.tgt_table is not None)
         return y
 
     @staticmethod

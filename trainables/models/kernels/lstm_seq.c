@@ -1,10 +1,11 @@
-/* Whole-sequence LSTM layers for the bundled seq2seq model on a CPU (float32): the
- * recurrent matmul of every time step is done here, next to the cell update, so a layer
- * over T steps is one call instead of T (baddbmm + cell kernel) pairs from Python.
+/* Whole-sequence LSTM layers for the bundled seq2seq model on a CPU (float32): the input
+ * projection and the recurrent matmul of every time step are done here, next to the cell
+ * update, so a training layer over T steps is one call each way instead of a projection
+ * bmm and T (baddbmm + cell kernel) pairs from Python.
  *
  * Built with the other kernels into one library (trainables/models/ckernels.py). Layout as
  * in lstm_cell.c: K members, each (T, B, .) contiguous; gates in the order o, i, f, g.
- * A member's weights (16 KB at H = 32) stay in L1 while all its steps run.
+ * A member's weights (32 KB at E = H = 32) stay in cache while all its steps run.
  *
  * Matmuls accumulate each output element over the inner index in order, with separate
  * multiply and add (contraction off), in 16-lane vectors whose remainder lanes are done by
@@ -17,73 +18,69 @@
 #define FT 8 /* vectors per column tile (128 floats): 2 rows x 8 accumulators + 8 weights */
 #define BT 4 /* vectors per column tile in the backward's dh (rows in fours) */
 
-/* out[r][g] = (x[r][g] + bias[g]) + sum_j h[r][j] w[j][g] for R (1 or 2) rows and the
- * 16 * nv columns from g0; bias may be NULL (none). w: (J, G) row-major. */
-static inline __attribute__((always_inline)) void mm_tile(
-    int R, int nv, int J, int G, int g0, const float *const *x, const float *bias,
-    const float *const *h, const float *restrict w, float *const *out) {
-    vf16 acc[2][FT];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < nv; v++) {
-            acc[r][v] = vload(x[r] + g0 + 16 * v);
-            if (bias) acc[r][v] = acc[r][v] + vload(bias + g0 + 16 * v);
-        }
+/* acc[r] += sum_j a[r][j] w[j][g0 + .] over the 16 * nv columns from g0, j in order. */
+static inline __attribute__((always_inline)) void mm_term(
+    int R, int nv, int J, int G, int g0, const float *const *a, const float *restrict w,
+    vf16 acc[2][FT]) {
     for (int j = 0; j < J; j++) {
         const float *wj = w + (long)j * G + g0;
-        vf16 hj[2];
-        for (int r = 0; r < R; r++) hj[r] = vsplat(h[r][j]);
+        vf16 aj[2];
+        for (int r = 0; r < R; r++) aj[r] = vsplat(a[r][j]);
         for (int v = 0; v < nv; v++) {
             vf16 wv = vload(wj + 16 * v);
-            for (int r = 0; r < R; r++) acc[r][v] = acc[r][v] + hj[r] * wv;
+            for (int r = 0; r < R; r++) acc[r][v] = acc[r][v] + aj[r] * wv;
         }
     }
+}
+
+/* out[r][g] = (bias[g] + sum_j x[r][j] wx[j][g]) + sum_j h[r][j] wh[j][g] for R (1 or 2)
+ * rows and the 16 * nv columns from g0: the input projection and the recurrent matmul of
+ * one step. bias may be NULL (0); wx (E, G) and wh (H, G) row-major. */
+static inline __attribute__((always_inline)) void mm_tile(
+    int R, int nv, int G, int g0, const float *bias, int E, const float *const *x,
+    const float *restrict wx, int H, const float *const *h, const float *restrict wh,
+    float *const *out) {
+    vf16 acc[2][FT];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = bias ? vload(bias + g0 + 16 * v) : vsplat(0.0f);
+    mm_term(R, nv, E, G, g0, x, wx, acc);
+    mm_term(R, nv, H, G, g0, h, wh, acc);
     for (int r = 0; r < R; r++)
         for (int v = 0; v < nv; v++) vstore(out[r] + g0 + 16 * v, acc[r][v]);
 }
 
-/* The same for one row and the scalar columns g0 .. G - 1 (fewer than 16); x and bias
- * may be NULL (start from 0; no bias). */
-static void mm_tail(int J, int G, int g0, const float *x, const float *bias, const float *h,
-                    const float *w, float *out) {
+/* The same for one row and the scalar columns g0 .. G - 1 (fewer than 16); bias, x may be
+ * NULL (0; no input term, E = 0). */
+static void mm_tail(int G, int g0, const float *bias, int E, const float *x, const float *wx,
+                    int H, const float *h, const float *wh, float *out) {
     for (int g = g0; g < G; g++) {
-        float acc = x ? x[g] : 0.0f;
-        if (bias) acc = acc + bias[g];
-        for (int j = 0; j < J; j++) acc = acc + h[j] * w[(long)j * G + g];
+        float acc = bias ? bias[g] : 0.0f;
+        for (int j = 0; j < E; j++) acc = acc + x[j] * wx[(long)j * G + g];
+        for (int j = 0; j < H; j++) acc = acc + h[j] * wh[(long)j * G + g];
         out[g] = acc;
     }
 }
 
-/* out (R rows of G) = (x + bias) + h (R rows of J) @ w (J, G), R = 1 or 2. */
-static inline void mm_rows(int R, int J, int G, const float *const *x, const float *bias,
-                           const float *const *h, const float *w, float *const *out) {
-    int g0 = 0;
-    for (; g0 + 16 * FT <= G; g0 += 16 * FT) {
-        if (R == 2) mm_tile(2, FT, J, G, g0, x, bias, h, w, out);
-        else mm_tile(1, FT, J, G, g0, x, bias, h, w, out);
-    }
-    for (; g0 + 16 <= G; g0 += 16) {
-        if (R == 2) mm_tile(2, 1, J, G, g0, x, bias, h, w, out);
-        else mm_tile(1, 1, J, G, g0, x, bias, h, w, out);
-    }
-    for (int r = 0; r < R; r++)
-        if (g0 < G) mm_tail(J, G, g0, x[r], bias, h[r], w, out[r]);
-}
-
-/* out[b] = (x[b] + bias) + h[b] @ w for rows b < n (row strides: the widths). */
-static void mm_block(int n, int J, int G, const float *x, const float *bias, const float *h,
-                     const float *w, float *out) {
-    int b = 0;
-    for (; b + 2 <= n; b += 2) {
-        const float *xs[2] = {x + (long)b * G, x + (long)(b + 1) * G};
-        const float *hs[2] = {h + (long)b * J, h + (long)(b + 1) * J};
-        float *os[2] = {out + (long)b * G, out + (long)(b + 1) * G};
-        mm_rows(2, J, G, xs, bias, hs, w, os);
-    }
-    if (b < n) {
-        const float *xs[1] = {x + (long)b * G};
-        const float *hs[1] = {h + (long)b * J};
-        float *os[1] = {out + (long)b * G};
-        mm_rows(1, J, G, xs, bias, hs, w, os);
+/* One step's gate pre-activations for rows b < n: out[b] = bias + x[b] @ wx + h[b] @ wh
+ * (row strides: the widths). Rows in pairs, FT vectors of gates at a time. */
+static void mm_block(int n, int G, const float *bias, int E, const float *x, const float *wx,
+                     int H, const float *h, const float *wh, float *out) {
+    for (int b = 0; b < n; b += 2) {
+        int R = b + 2 <= n ? 2 : 1;
+        const float *xs[2] = {x + (long)b * E, x + (long)(b + R - 1) * E};
+        const float *hs[2] = {h + (long)b * H, h + (long)(b + R - 1) * H};
+        float *os[2] = {out + (long)b * G, out + (long)(b + R - 1) * G};
+        int g0 = 0;
+        for (; g0 + 16 * FT <= G; g0 += 16 * FT) {
+            if (R == 2) mm_tile(2, FT, G, g0, bias, E, xs, wx, H, hs, wh, os);
+            else mm_tile(1, FT, G, g0, bias, E, xs, wx, H, hs, wh, os);
+        }
+        for (; g0 + 16 <= G; g0 += 16) {
+            if (R == 2) mm_tile(2, 1, G, g0, bias, E, xs, wx, H, hs, wh, os);
+            else mm_tile(1, 1, G, g0, bias, E, xs, wx, H, hs, wh, os);
+        }
+        for (int r = 0; r < R; r++)
+            if (g0 < G) mm_tail(G, g0, bias, E, xs[r], wx, H, hs[r], wh, os[r]);
     }
 }
 
@@ -118,7 +115,7 @@ static void mm_back(int n, int G, int H, const float *dg, const float *w, float 
             for (int r = 0; r < 4; r++) vstore(dh + (long)(b + r) * H + j0, acc[r]);
         }
         for (int r = 0; r < 4; r++)
-            if (j0 < H) mm_tail(G, H, j0, 0, 0, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
+            if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
     }
     for (; b < n; b++) {
         int j0 = 0;
@@ -127,7 +124,7 @@ static void mm_back(int n, int G, int H, const float *dg, const float *w, float 
             for (int g = 0; g < G; g++) acc = acc + vsplat(dg[(long)b * G + g]) * vload(w + (long)g * H + j0);
             vstore(dh + (long)b * H + j0, acc);
         }
-        if (j0 < H) mm_tail(G, H, j0, 0, 0, dg + (long)b * G, w, dh + (long)b * H);
+        if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)b * G, w, dh + (long)b * H);
     }
 }
 
@@ -170,23 +167,25 @@ static inline void bwd_row(int H, const float *restrict dh, float *restrict dc,
     }
 }
 
-/* Training forward of one layer over T steps. xp (K, T, B, 4H) input projections, bias
- * (K, 4H) both biases summed (NULL: included in xp), w_t (K, H, 4H) = W_hh transposed,
- * h0, c0 (K, B, H); active: T row counts (each
- * step computes rows < active[t], the rows whose sequences go on; NULL: all). Writes act
- * (K, T, B, 4H) gate activations and cs, tcs, hs (K, T, B, H); past the live rows c and h
- * are 0, act and tanh(c) unwritten. */
-void lstm_fwd_seq(int K, int T, int B, int H, const float *xp, const float *bias, const float *w_t,
-                  const float *h0, const float *c0, const int *active,
-                  float *act, float *cs, float *tcs, float *hs) {
-    long G = 4L * H, sg = (long)B * G, sh = (long)B * H;
+/* Training forward of one layer over T steps. x (K, T, B, E) the layer's inputs, w_ih_t
+ * (K, E, 4H) = W_ih transposed, bias (K, 4H) both biases summed (NULL: none), w_hh_t
+ * (K, H, 4H) = W_hh transposed, h0, c0 (K, B, H); active: T row counts (each step computes
+ * rows < active[t], the rows whose sequences go on; NULL: all). The input projection is
+ * done here too, row by row, so padding rows cost nothing and no (K, T, B, 4H) projection
+ * is written and read back. Writes act (K, T, B, 4H) gate activations and cs, tcs, hs
+ * (K, T, B, H); past the live rows c and h are 0, act and tanh(c) unwritten. */
+void lstm_fwd_seq(int K, int T, int B, int H, int E, const float *x, const float *w_ih_t,
+                  const float *bias, const float *w_hh_t, const float *h0, const float *c0,
+                  const int *active, float *act, float *cs, float *tcs, float *hs) {
+    long G = 4L * H, sg = (long)B * G, sh = (long)B * H, sx = (long)B * E;
     for (int k = 0; k < K; k++) {
-        const float *w = w_t + k * H * G;
+        const float *wx = w_ih_t + k * E * G, *wh = w_hh_t + k * H * G;
+        const float *bk = bias ? bias + k * G : 0;
         const float *h = h0 + k * sh, *c = c0 + k * sh;
         for (int t = 0; t < T; t++) {
-            long og = ((long)k * T + t) * sg, oh = ((long)k * T + t) * sh;
+            long kt = (long)k * T + t, og = kt * sg, oh = kt * sh;
             int n = active ? active[t] : B;
-            mm_block(n, H, G, xp + og, bias ? bias + k * G : 0, h, w, act + og);
+            mm_block(n, G, bk, E, x + kt * sx, wx, H, h, wh, act + og);
             for (int b = 0; b < n; b++)
                 cell_row(H, act + og + b * G, c + b * H, cs + oh + b * H, tcs + oh + b * H,
                          hs + oh + b * H);
@@ -201,20 +200,21 @@ void lstm_fwd_seq(int K, int T, int B, int H, const float *xp, const float *bias
 }
 
 /* Training backward of lstm_fwd_seq. dhs, dcs (K, T, B, H; NULL: none) are the outputs'
- * gradients; w_hh (K, 4H, H). Writes d_gates (K, T, B, 4H; 0 past the live rows), dh, dc
- * (K, B, H): the gradients of h0 and c0, and (unless NULL) d_bias (K, 4H): d_gates summed
- * over the live rows in a fixed order (steps from the last, rows in order), so padding a
- * member's batch with ended rows or steps adds nothing to it. */
-void lstm_bwd_seq(int K, int T, int B, int H, const float *w_hh, const float *dhs,
-                  const float *dcs, const float *act, const float *cs, const float *tcs,
-                  const float *c0, const int *active, float *d_gates, float *dh, float *dc,
-                  float *d_bias) {
-    long G = 4L * H, sg = (long)B * G, sh = (long)B * H;
+ * gradients; w_ih (K, 4H, E), w_hh (K, 4H, H). Writes d_gates (K, T, B, 4H; 0 past the
+ * live rows), dx (K, T, B, E; 0 past the live rows): the inputs' gradient, dh, dc (K, B,
+ * H): the gradients of h0 and c0, and (unless NULL) d_bias (K, 4H): d_gates summed over the
+ * live rows in a fixed order (steps from the last, rows in order), so padding a member's
+ * batch with ended rows or steps adds nothing to it. */
+void lstm_bwd_seq(int K, int T, int B, int H, int E, const float *w_ih, const float *w_hh,
+                  const float *dhs, const float *dcs, const float *act, const float *cs,
+                  const float *tcs, const float *c0, const int *active, float *d_gates,
+                  float *dx, float *dh, float *dc, float *d_bias) {
+    long G = 4L * H, sg = (long)B * G, sh = (long)B * H, sx = (long)B * E;
     memset(dh, 0, K * sh * sizeof(float));
     memset(dc, 0, K * sh * sizeof(float));
     if (d_bias) memset(d_bias, 0, K * G * sizeof(float));
     for (int k = 0; k < K; k++) {
-        const float *w = w_hh + k * G * H;
+        const float *w = w_hh + k * G * H, *wi = w_ih + k * G * E;
         float *dhk = dh + k * sh, *dck = dc + k * sh;
         for (int t = T - 1; t >= 0; t--) {
             long og = ((long)k * T + t) * sg, oh = ((long)k * T + t) * sh;
@@ -227,6 +227,9 @@ void lstm_bwd_seq(int K, int T, int B, int H, const float *w_hh, const float *dh
             if (d_bias)
                 for (int b = 0; b < n; b++) add_row(G, d_gates + og + b * G, d_bias + k * G);
             if (n < B) memset(d_gates + og + n * G, 0, (sg - n * G) * sizeof(float));
+            long ox = ((long)k * T + t) * sx;
+            mm_back(n, G, E, d_gates + og, wi, dx + ox);
+            if (n < B) memset(dx + ox + (long)n * E, 0, (sx - (long)n * E) * sizeof(float));
             mm_back(n, G, H, d_gates + og, w, dhk);
         }
     }
