@@ -7,7 +7,7 @@ per-member clipping at 5, summed loss: the trainer's generic step.
 
 Prints samples/s for training (bundle: seed-samples/s, i.e. K * 64 per step) for the
 reference implementation (K=1) and the fast one (K=1, 8, 16; at K=8 with its CPU kernels
-as torch ops and as compiled C, ``trainables/models/ckernels.py``: the LSTM cell, the
+as torch ops and as compiled C, ``trainables/models/ckernels.py``: the LSTM layer, the
 output layer's loss and argmax, the decoding attention), and the time to evaluate 17k
 examples (lengths 1-15, as the six symbol-rewriting evaluation splits: teacher-forced
 losses and greedy decoding, ``Model.evaluate_batch``) per member: reference, fast K=1,

@@ -1,9 +1,9 @@
 """Fused CPU kernels for the seq2seq model, compiled at first use.
 
 :file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
-and backward, the input projection and the recurrent matmul included), :file:`kernels/lstm_cell.c` one evaluation
-time step, :file:`kernels/logits.c` row-wise cross-entropy and argmax of the
-output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
+and backward, the input projection and the recurrent matmul included),
+:file:`kernels/lstm_cell.c` one evaluation time step, :file:`kernels/logits.c` row-wise
+cross-entropy and argmax of the output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
 plain C loops (see their headers). They are compiled once per machine with the system C
 compiler (``cc``, or ``$CC``) for this CPU (``-march=native``) into one library in
 ``$FINELINE_CACHE`` (default ``~/.cache/fineline``)``/kernels``, in a file named by a hash
@@ -145,7 +145,7 @@ def cpu_kernels() -> CpuKernels | None:
 
 
 MAX_HIDDEN = 1024
-"""Largest hidden size the kernels take (the backward's zero row, ``lstm_cell.c``)."""
+"""Largest hidden size the kernels take (the backward's zero row, ``lstm_seq.c``)."""
 
 
 def usable(x: torch.Tensor, hidden: int = 1) -> CpuKernels | None:
