@@ -331,16 +331,15 @@ def lstm_sequence_eval(
     w_hh2: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
-    bias2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The LSTM layer without gradients, with ``tanh(x) = 2 sigmoid(2x) - 1``: one sigmoid
     over all four gates and one over the cell, no ``tanh`` (which costs about five sigmoids
     per element on a CPU core, more on the strided g block). 1.8x the training cell's
     forward at K=8, B=256.
 
-    xp2 (K, T, B, 4H), bias2 (K, 1, 4H; None: included in xp2) and w_hh2 (K, 4H, H) as for
-    :class:`LSTMSequence` but with the g block doubled (:func:`double_g`), so ``sigmoid`` of
-    it is ``sigmoid(2 x_g)``; the cell is kept doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i
+    xp2 (K, T, B, 4H) input projections (biases included) and w_hh2 (K, 4H, H) in our
+    gate order (:func:`prepare_gates`) but with the g block doubled (:func:`double_g`), so
+    ``sigmoid`` of it is ``sigmoid(2 x_g)``; the cell is kept doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i
     sigmoid(2 x_g) - 2 i``, ``tanh(c) = 2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H)
     like the training cell, to ~1e-6. A step is one ``baddbmm`` and :func:`cell_step_eval`
     (on a CPU one call of the compiled ``lstm_eval_step``). Unlike training's, this layer
@@ -352,8 +351,6 @@ def lstm_sequence_eval(
     hs = xp2.new_empty(k, t_len, b, g4 // 4)
     cs2 = torch.empty_like(hs)
     c2 = c0 * 2.0
-    if bias2 is not None:
-        xp2 = xp2 + bias2.unsqueeze(1)
     w_t = w_hh2.transpose(1, 2)  # (K, H, 4H)
     z, s, tc = xp2.new_empty(k, b, g4), xp2.new_empty(k, b, g4), torch.empty_like(h0)
     xps, hss, css = xp2.unbind(1), hs.unbind(1), cs2.unbind(1)

@@ -106,7 +106,7 @@ class _Weights:
         ``active[t]`` rows (all where empty), and the layer projects its inputs itself."""
         if self.evaluation:
             xp = inputs if looked_up else _project(inputs, layer)
-            return lstm_sequence_eval(xp, layer.w_hh, h0, c0, None if looked_up else layer.bias)
+            return lstm_sequence_eval(xp, layer.w_hh, h0, c0)
         assert not looked_up, "training has no projection tables"
         w_ih = layer.w_ih_t.transpose(1, 2)  # (K, 4H, in)
         return lstm_sequence(inputs, w_ih, layer.w_hh, h0, c0, active, layer.bias)
@@ -168,10 +168,10 @@ def _embed(table: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def _project(x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-    """Evaluation's input projections of all steps in one matmul: x (K, T, B, in) -> (K, T,
-    B, 4H), without the bias (the LSTM layer adds it). Training projects inside the layer."""
+    """Evaluation's input projections of all steps in one matmul, biases included: x (K, T,
+    B, in) -> (K, T, B, 4H). (Training projects inside the layer, :func:`lstm_sequence`.)"""
     k, t, b, e = x.shape
-    return torch.bmm(x.reshape(k, t * b, e), layer.w_ih_t).view(k, t, b, -1)
+    return torch.baddbmm(layer.bias, x.reshape(k, t * b, e), layer.w_ih_t).view(k, t, b, -1)
 
 
 def _time_gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
