@@ -111,7 +111,8 @@ def layer_outputs(
     hs, cs = lstm_sequence(x, w, w, h0, c0, active, bias)
     (hs * up).sum().backward()
     grads = {"d_x": x.grad, "d_bias": bias.grad, "d_h0": h0.grad, "d_c0": c0.grad}
-    return {"hs": hs.detach(), "cs": cs.detach(), **{k: v for k, v in grads.items() if v is not None}}
+    present = {k: v for k, v in grads.items() if v is not None}
+    return {"hs": hs.detach(), "cs": cs.detach(), **present}
 
 
 @pytest.mark.parametrize("hidden", [5, 32])
@@ -134,8 +135,8 @@ def test_a_rows_result_does_not_depend_on_its_place(hidden: int) -> None:
 
     block = layer_outputs(xs[1:2], bias[1:2], w[1:2], h0[1:2], c0[1:2], up[1:2])
     row = slice(3, 4)
-    alone = layer_outputs(take(xs, slice(1, 2), row), bias[1:2], w[1:2],
-                          take(h0, slice(1, 2), row), take(c0, slice(1, 2), row), take(up, slice(1, 2), row))
+    one = [take(v, slice(1, 2), row) for v in (xs, h0, c0, up)]
+    alone = layer_outputs(one[0], bias[1:2], w[1:2], one[1], one[2], one[3])
     for name in ("hs", "cs", "d_x", "d_h0", "d_c0"):
         got = take(block[name], slice(0, 1), row)
         assert torch.equal(got, alone[name]), name

@@ -3,8 +3,8 @@
 :file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
 and backward, the input projection and the recurrent matmul included),
 :file:`kernels/lstm_cell.c` one evaluation time step, :file:`kernels/logits.c` row-wise
-cross-entropy and argmax of the output layer's logits and :file:`kernels/attention.c` one decoding step's attention, as
-plain C loops (see their headers). They are compiled once per machine with the system C
+cross-entropy and argmax of the output layer's logits and :file:`kernels/attention.c` one
+decoding step's attention, as plain C loops (see their headers). They are compiled once per machine with the system C
 compiler (``cc``, or ``$CC``) for this CPU (``-march=native``) into one library in
 ``$FINELINE_CACHE`` (default ``~/.cache/fineline``)``/kernels``, in a file named by a hash
 of the sources, the flags, the compiler and the CPU, written atomically (several Ray workers may build it at once:

@@ -14,8 +14,8 @@ step's input projection, recurrent matmul and cell update, member by member with
 member's ``W_ih`` and ``W_hh`` in cache, the bias added there too (``baddbmm`` with a
 broadcast bias first copies it over the whole (K, T*B, 4H) output), and backward the
 inputs' gradient; then ``dW_ih`` and ``dW_hh`` are one ``bmm`` each. No (K, T, B, 4H)
-projection is written and read back, and padding rows are never projected. With ``active``, step t
-computes only the first ``active[t]`` rows of each member (training batches list the
+projection is written and read back, and padding rows are never projected. With
+``active``, step t computes only the first ``active[t]`` rows of each member (training batches list the
 longest sequences first, so rows whose sequence has ended are a suffix; their outputs stay
 0 and get no gradient). Elsewhere (CUDA, float64, or no C compiler) the step is the torch
 ops below, over all rows. The two agree to float rounding (~1e-7 relative; tested).
@@ -339,8 +339,8 @@ def lstm_sequence_eval(
 
     xp2 (K, T, B, 4H) input projections (biases included) and w_hh2 (K, 4H, H) in our
     gate order (:func:`prepare_gates`) but with the g block doubled (:func:`double_g`), so
-    ``sigmoid`` of it is ``sigmoid(2 x_g)``; the cell is kept doubled too (``c2 = 2c``: ``c2' = f c2 + 4 i
-    sigmoid(2 x_g) - 2 i``, ``tanh(c) = 2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H)
+    ``sigmoid`` of it is ``sigmoid(2 x_g)``; the cell is kept doubled too (``c2 = 2c``:
+    ``c2' = f c2 + 4 i sigmoid(2 x_g) - 2 i``, ``tanh(c) = 2 sigmoid(c2) - 1``). Returns hs, cs (K, T, B, H)
     like the training cell, to ~1e-6. A step is one ``baddbmm`` and :func:`cell_step_eval`
     (on a CPU one call of the compiled ``lstm_eval_step``). Unlike training's, this layer
     as one C call (with the matmul of ``kernels/lstm_seq.c``) was slower: at evaluation's

@@ -210,7 +210,8 @@ class FastEngine(Engine):
                     inp = _embed(w.src_table[d], ids if d == 0 else ids.gather(1, rev), a.src_vocab)
                 else:
                     inp = x if d == 0 else _time_gather(x, rev)
-                hs, cs = w.lstm(inp, cell, zeros, zeros, batch.src_active, x is None)  # (K, S, B, H)
+                # (K, S, B, H); a looked-up input is already projected
+                hs, cs = w.lstm(inp, cell, zeros, zeros, batch.src_active, x is None)
                 finals.append((hs.gather(1, last).squeeze(1), cs.gather(1, last).squeeze(1)))
                 outs.append(hs if d == 0 else _time_gather(hs, rev))
             x = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
