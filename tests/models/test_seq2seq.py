@@ -388,6 +388,33 @@ def test_predict_equals_stepwise_greedy_of_the_reference(variant: str, kernels: 
     assert len({tuple(p) for p in preds[0]}) > 3  # predictions really vary
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_in_one_call_equals_step_by_step_greedy(variant: str, kernels: str) -> None:
+    """The fast stepper's ``greedy`` (one C call on a CPU: ``kernels/decode.c``) decodes what
+    the step-by-step loop decodes, for members with their own rows (40 each, more than one
+    block of 16, each row its own number of steps), and a member decodes in the bundle what
+    it decodes alone."""
+    data = pairs(60, seed=11)
+    m = model(3, [21, 22, 23], init_range=0.8, **VARIANTS[variant])
+    rng = np.random.default_rng(2)
+    rows = [np.sort(rng.choice(60, 40, replace=False)) for _ in range(3)]
+    batch = m.make_batch(data, rows, torch.device("cpu"))
+    steps = torch.from_numpy(batch.decode_steps)
+    params = dict(m.named_parameters())
+    with torch.no_grad():
+        fast = m.engine.start_decode(params, batch, 1).greedy(steps)  # (K, B, T)
+        slow = greedy_decode(m.engine.start_decode(params, batch, 1), steps)
+        lone = m.to_impl("fast", 1)
+        one = lone.make_batch(data, [rows[1]], torch.device("cpu"))
+        alone = lone.engine.start_decode(dict(lone.named_parameters()), one, 1).greedy(steps[1:2])
+    for k, b in itertools.product(range(3), range(40)):
+        n = int(steps[k, b])
+        assert fast[k, b, :n].tolist() == slow[k, b, :n].tolist()
+        if k == 1:
+            assert alone[0, b, :n].tolist() == fast[1, b, :n].tolist()
+    assert len({tuple(r[: int(n)].tolist()) for r, n in zip(fast[0], steps[0], strict=True)}) > 5
+
+
 def test_beam_search_is_exact_when_the_beam_holds_every_prefix(kernels: str) -> None:
     """Beam width V^2 over 3 steps must find the best sequence (checked exhaustively)."""
     meta = make_meta(n_tgt=3, decode=lambda lengths: np.full(len(lengths), 3))

@@ -3,13 +3,15 @@
 :file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
 and backward, the input projection and the recurrent matmul included),
 :file:`kernels/lstm_cell.c` one evaluation time step, :file:`kernels/logits.c` row-wise
-cross-entropy and argmax of the output layer's logits and :file:`kernels/attention.c` one
-decoding step's attention, as plain C loops (see their headers). They are compiled once per machine with the system C
-compiler (``cc``, or ``$CC``) for this CPU (``-march=native``) into one library in
-``$FINELINE_CACHE`` (default ``~/.cache/fineline``)``/kernels``, in a file named by a hash
-of the sources, the flags, the compiler and the CPU, written atomically (several Ray workers may build it at once:
-the last rename wins, and every build is the same). Loading it takes milliseconds, a
-cold build about a second.
+cross-entropy and argmax of the output layer's logits, :file:`kernels/attention.c` one
+decoding step's attention and :file:`kernels/decode.c` greedy decoding of a whole batch,
+as plain C loops (see their headers; the ``.h`` files hold what several share). They are
+compiled once per machine with the system C compiler (``cc``, or ``$CC``) for this CPU
+(``-march=native``) into one library in ``$FINELINE_CACHE`` (default
+``~/.cache/fineline``)``/kernels``, in a file named by a hash of the sources, the flags,
+the compiler and the CPU, written atomically (several Ray workers may build it at once:
+the last rename wins, and every build is the same). Loading it takes milliseconds, a cold
+build about a second.
 
 Where no compiler is found or the build fails, :func:`cpu_kernels` returns None (with
 one warning) and the model runs as torch ops, which compute the same to float rounding.
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = ("lstm_cell.c", "lstm_seq.c", "logits.c", "attention.c")
+SOURCES = ("lstm_cell.c", "lstm_seq.c", "logits.c", "attention.c", "decode.c")
 """Compiled together into one library (with the headers beside them)."""
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 SWITCH = "FINELINE_CPU_KERNELS"
@@ -82,11 +84,12 @@ class CpuKernels:
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
         self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
         self.attend_one = _bind(lib.attend_one, [_I, _I, _I, _I, _F, _F, _F, _F, _F])
+        self.greedy = _bind(lib.greedy_decode, [_I] * 10 + [_I64] + [_F] * 15, ctypes.c_int)
 
 
-def _bind(fn: Any, argtypes: list[Any]) -> Any:
+def _bind(fn: Any, argtypes: list[Any], restype: Any = None) -> Any:
     fn.argtypes = argtypes
-    fn.restype = None
+    fn.restype = restype
     return fn
 
 

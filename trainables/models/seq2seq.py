@@ -54,7 +54,7 @@ from torch import nn
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
-from trainables.models.seq2seq_decode import beam_decode, greedy_decode
+from trainables.models.seq2seq_decode import beam_decode
 from trainables.models.seq2seq_fast import FastEngine
 from trainables.models.seq2seq_layout import (
     IGNORE,
@@ -323,6 +323,6 @@ class Seq2Seq(Model):
     def _decode(self, stepper: Any, batch: Seq2SeqBatch) -> list[Sequence[np.ndarray]]:
         width = self.cfg.beam_width
         steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
-        tokens = greedy_decode(stepper, steps) if width == 1 else beam_decode(stepper, steps, width)
+        tokens = stepper.greedy(steps) if width == 1 else beam_decode(stepper, steps, width)
         out = tokens.cpu().numpy()
         return [TokenRows(out[k], batch.decode_steps[k]) for k in range(self.k)]

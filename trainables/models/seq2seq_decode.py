@@ -1,7 +1,8 @@
 """Greedy and beam-search decoding over a *stepper* (either implementation's decoder state).
 
 A stepper holds K members x N hypotheses and offers ``step(prev (K, N)) -> logits (K, N,
-V)``, ``next_tokens(prev) -> argmax tokens (K, N)`` and ``reorder(index (K, N))``. Both
+V)``, ``next_tokens(prev) -> argmax tokens (K, N)``, ``reorder(index (K, N))`` and
+``greedy(steps)``, which is :func:`greedy_decode` of itself or a faster equivalent. Both
 decoders run a fixed number of steps per example (the task's ``decode_len``), so a
 prediction includes the position where EOS belongs; the batch runs to its longest example
 and each output is cut to its own length.
@@ -22,6 +23,10 @@ from trainables.tasks.base import BOS, EOS
 
 
 class Stepper(Protocol):
+    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
+        """:func:`greedy_decode` of this stepper (an implementation may do it in one call)."""
+        ...
+
     def step(self, prev: torch.Tensor) -> torch.Tensor: ...
 
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor: ...

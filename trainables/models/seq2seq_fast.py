@@ -49,6 +49,7 @@ from trainables.models.seq2seq_cells import (
     lstm_sequence_eval,
     prepare_gates,
 )
+from trainables.models.seq2seq_decode import greedy_decode
 from trainables.models.seq2seq_layout import (
     IGNORE,
     Arch,
@@ -58,6 +59,7 @@ from trainables.models.seq2seq_layout import (
     scatter_rows,
 )
 from trainables.models.seq2seq_logits import argmax_last, linear_cross_entropy
+from trainables.tasks.base import BOS
 
 
 @dataclass
@@ -382,7 +384,7 @@ class FastStepper:
     ) -> None:
         assert w.evaluation and w.tgt_table is not None
         k, b, s, he = enc.shape
-        self.arch, self.w, self.k, self.n = arch, w, k, b * width
+        self.arch, self.w, self.k, self.n, self.width = arch, w, k, b * width, width
         self.h = torch.stack(h_fin).repeat_interleave(width, 2)  # (L, K, N, Hd)
         self.c2 = torch.stack(c_fin).repeat_interleave(width, 2).mul_(2.0)  # doubled cells
         self.enc = enc.repeat_interleave(width, 1).view(k * self.n, s, he)  # (K * N, S, He)
@@ -422,8 +424,56 @@ class FastStepper:
         """Greedy step: prev (K, N) -> argmax tokens (K, N)."""
         return argmax_last(self.step(prev))
 
+    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
+        """:func:`greedy_decode` (K, B, max steps); on a CPU every step in one call of the C
+        decoder (``kernels/decode.c``), which computes the same to float rounding. Consumes
+        the stepper's states."""
+        a, w = self.arch, self.w
+        kern = usable(self.enc, a.dec_hidden)
+        if kern is None or self.width != 1:
+            return greedy_decode(self, steps)
+        assert w.tgt_table is not None
+        k, n, hd = self.k, self.n, a.dec_hidden
+        t_max = int(steps.max()) if steps.numel() else 0
+        tokens = torch.zeros(k, n, t_max, dtype=torch.int64)
+        if t_max == 0:
+            return tokens
+        v = w.out_t.shape[-1]
+        vp = -(-v // 16) * 16  # whole 16-lane vectors: the padding columns are 0, never read
+        out_t = w.out_t.new_zeros(k, hd, vp)
+        out_t[:, :, :v] = w.out_t
+        out_b = w.out_b.new_zeros(k, vp)
+        out_b[:, :v] = w.out_b[:, 0]
+        layers = w.decoder
+        w_hh_t = torch.stack([layer.w_hh.transpose(1, 2) for layer in layers]).contiguous()
+        upper = layers[1:]
+        w_ih_t = torch.stack([layer.w_ih_t for layer in upper]).contiguous() if upper else None
+        bias = torch.stack([layer.bias[:, 0] for layer in upper]).contiguous() if upper else None
+        h, c2 = self.h.contiguous(), self.c2.contiguous()  # (L, K, N, Hd), updated in place
+        keys_t = mask = enc = comb_ctx_t = comb_h_t = None
+        s = he = 0
+        if self.keys_t is not None:
+            assert w.comb_ctx_t is not None and w.comb_h_t is not None
+            keys_t, mask, enc = self.keys_t, self.bias.contiguous(), self.enc.contiguous()
+            comb_ctx_t, comb_h_t = w.comb_ctx_t.contiguous(), w.comb_h_t.contiguous()
+            s, he = enc.shape[1], enc.shape[2]
+        steps32 = steps.to(torch.int32).contiguous()
+        failed = kern.greedy(
+            k, n, len(layers), hd, he, s, v, vp, a.tgt_vocab, t_max, BOS, ptr(steps32),
+            ptr(w.tgt_table), _ptr_or_none(w_ih_t), _ptr_or_none(bias), ptr(w_hh_t), ptr(h),
+            ptr(c2), _ptr_or_none(keys_t), _ptr_or_none(mask), _ptr_or_none(enc),
+            _ptr_or_none(comb_ctx_t), _ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b), ptr(tokens),
+        )
+        if failed:
+            raise MemoryError("the C greedy decoder could not allocate its buffers")
+        return tokens
+
     def reorder(self, index: torch.Tensor) -> None:
         """Hypothesis j of member k becomes the old hypothesis ``index[k, j]`` (K, N)."""
         idx = index.view(1, self.k, self.n, 1).expand_as(self.h)
         self.h = self.h.gather(2, idx)
         self.c2 = self.c2.gather(2, idx)
+
+
+def _ptr_or_none(x: torch.Tensor | None) -> int | None:
+    return None if x is None else ptr(x)

@@ -24,6 +24,7 @@ from torch.func import functional_call
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from trainables.models.base import MemberNoise
+from trainables.models.seq2seq_decode import greedy_decode
 from trainables.models.seq2seq_layout import (
     IGNORE,
     Arch,
@@ -163,6 +164,9 @@ class ReferenceStepper:
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
         """Greedy step: prev (1, N) -> argmax tokens (1, N)."""
         return self.step(prev).argmax(-1)
+
+    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
+        return greedy_decode(self, steps)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.h = self.h.index_select(1, index[0])

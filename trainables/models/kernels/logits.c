@@ -8,80 +8,7 @@
  * bit-identical). torch's argmax semantics: the first maximum,
  * and a NaN counts as the maximum (the first NaN wins).
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "fmath.h"
-
-#define LANES VLANES
-
-/* The lanes of v, then lanes of a scalar remainder (j .. V-1) folded into them. */
-static inline void to_lanes(vf16 v, float *lanes) { memcpy(lanes, &v, sizeof v); }
-
-/* Largest value of the row and the first index holding it; *odd = whether the row holds a
- * NaN or an infinity (then row_odd recomputes both exactly). One pass: each lane keeps its
- * maximum and where it first saw it, and the lowest such index among the lanes holding the
- * row's maximum wins. */
-static inline float row_max(int V, const float *restrict x, int64_t *first, int *odd) {
-    vf16 m = vsplat(-INFINITY), z = vsplat(0.0f);
-    vi16 at = {0}, j_v = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    int j = 0;
-    for (; j + LANES <= V; j += LANES, j_v += LANES) {
-        vf16 v = vload(x + j);
-        vi16 gt = v > m;
-        m = vselect(gt, v, m);
-        at = (gt & j_v) | (~gt & at);
-        z += v * 0.0f; /* stays 0 unless v is NaN or infinite */
-    }
-    float ml[LANES], zl[LANES];
-    int32_t al[LANES];
-    to_lanes(m, ml);
-    to_lanes(z, zl);
-    memcpy(al, &at, sizeof al);
-    for (int l = 0; j + l < V; l++) {
-        float v = x[j + l];
-        if (v > ml[l]) {
-            ml[l] = v;
-            al[l] = j + l;
-        }
-        zl[l] += v * 0.0f;
-    }
-    float best = ml[0], zero = zl[0];
-    for (int l = 1; l < LANES; l++) {
-        best = ml[l] > best ? ml[l] : best;
-        zero += zl[l];
-    }
-    int32_t lowest = V;
-    for (int l = 0; l < LANES; l++)
-        if (ml[l] == best && al[l] < lowest) lowest = al[l];
-    *first = lowest < V ? lowest : 0;
-    *odd = zero != 0.0f;
-    return best;
-}
-
-/* The first index of the row holding `best` (0 if none). */
-static inline int64_t row_first(int V, const float *restrict x, float best) {
-    for (int j = 0; j < V; j++)
-        if (x[j] == best) return j;
-    return 0;
-}
-
-/* A row with a NaN or an infinity: *best = its maximum ignoring NaNs (-inf if none), and
- * torch's argmax (the first NaN if there is one, else the first maximum). */
-static int64_t row_odd(int V, const float *x, float *best) {
-    float m = -INFINITY;
-    int64_t first_nan = -1;
-    for (int j = 0; j < V; j++) {
-        if (x[j] != x[j]) {
-            if (first_nan < 0) first_nan = j;
-        } else if (x[j] > m) {
-            m = x[j];
-        }
-    }
-    *best = m;
-    return first_nan >= 0 ? first_nan : row_first(V, x, m);
-}
+#include "argmax.h"
 
 /* sum(exp(x - best)) over the row, also written to e when e is not NULL. */
 static inline float row_exp_sum(int V, const float *restrict x, float best, float *restrict e) {
@@ -102,18 +29,6 @@ static inline float row_exp_sum(int V, const float *restrict x, float best, floa
     float sum = 0.0f;
     for (int l = 0; l < LANES; l++) sum += sl[l];
     return sum;
-}
-
-/* torch's argmax of a row; *best its maximum, *nan whether it holds a NaN. */
-static inline int64_t row_argmax(int V, const float *x, float *best, int *nan) {
-    int odd;
-    int64_t first;
-    *best = row_max(V, x, &first, &odd);
-    *nan = 0;
-    if (!odd) return first;
-    int64_t i = row_odd(V, x, best);
-    *nan = x[i] != x[i];
-    return i;
 }
 
 /* argmax of each row into out (M int64). */

@@ -15,19 +15,7 @@
  * IEEE operations, so an element's result depends only on its inputs, never on where it
  * sits in a block (a bundle member and its lone run stay bit-identical).
  */
-#include "fmath.h"
-
-/* One row of the evaluation step (see lstm_eval_step). */
-static inline void eval_row(int H, const float *restrict z, const float *restrict c2p,
-                            float *restrict c2_out, float *restrict h_out) {
-    for (int j = 0; j < H; j++) {
-        float o = sigmoid_f(z[j]), i = sigmoid_f(z[H + j]), f = sigmoid_f(z[2 * H + j]);
-        float s = sigmoid_f(z[3 * H + j]); /* sigmoid(2 x_g): tanh(x_g) = 2 s - 1 */
-        float c2 = f * c2p[j] + 4.0f * i * s - 2.0f * i;
-        c2_out[j] = c2;
-        h_out[j] = o * (2.0f * sigmoid_f(c2) - 1.0f); /* tanh(c) = 2 sigmoid(2c) - 1 */
-    }
-}
+#include "cell.h"
 
 /* Evaluation step (no gradients; the form of seq2seq_cells.lstm_sequence_eval): z holds the
  * gate pre-activations with the g block doubled, c2_prev the doubled cell 2c. Writes the new

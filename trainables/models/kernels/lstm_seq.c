@@ -14,118 +14,52 @@
  * member and its lone run stay bit-identical).
  */
 #include "fmath.h"
+#include "mm.h"
 
-#define FT 8 /* vectors per column tile (128 floats): 2 rows x 8 accumulators + 8 weights */
-#define BT 4 /* vectors per column tile in the backward's dh (rows in fours) */
+#define BR 8 /* rows per tile in the backward's dh: 8 rows x 2 vectors = 16 accumulators */
+#define BT 2 /* vectors per column tile in the backward's dh */
 
-/* acc[r] += sum_j a[r][j] w[j][g0 + .] over the 16 * nv columns from g0, j in order. */
-static inline __attribute__((always_inline)) void mm_term(
-    int R, int nv, int J, int G, int g0, const float *const *a, const float *restrict w,
-    vf16 acc[2][FT]) {
-    for (int j = 0; j < J; j++) {
-        const float *wj = w + (long)j * G + g0;
-        vf16 aj[2];
-        for (int r = 0; r < R; r++) aj[r] = vsplat(a[r][j]);
-        for (int v = 0; v < nv; v++) {
-            vf16 wv = vload(wj + 16 * v);
-            for (int r = 0; r < R; r++) acc[r][v] = acc[r][v] + aj[r] * wv;
-        }
-    }
-}
-
-/* out[r][g] = (bias[g] + sum_j x[r][j] wx[j][g]) + sum_j h[r][j] wh[j][g] for R (1 or 2)
- * rows and the 16 * nv columns from g0: the input projection and the recurrent matmul of
- * one step. bias may be NULL (0); wx (E, G) and wh (H, G) row-major. */
-static inline __attribute__((always_inline)) void mm_tile(
-    int R, int nv, int G, int g0, const float *bias, int E, const float *const *x,
-    const float *restrict wx, int H, const float *const *h, const float *restrict wh,
-    float *const *out) {
-    vf16 acc[2][FT];
+/* dh[b + r][j0 + .] = sum_g dg[b + r][g] w[g][j0 + .] (g in order) for R rows and the
+ * 16 * nv columns from j0; w (G, H) row-major. */
+static inline __attribute__((always_inline)) void back_tile(int R, int nv, int G, int H, int b,
+                                                            int j0, const float *dg,
+                                                            const float *w, float *dh) {
+    vf16 acc[BR][BT];
     for (int r = 0; r < R; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = bias ? vload(bias + g0 + 16 * v) : vsplat(0.0f);
-    mm_term(R, nv, E, G, g0, x, wx, acc);
-    mm_term(R, nv, H, G, g0, h, wh, acc);
+        for (int v = 0; v < nv; v++) acc[r][v] = vsplat(0.0f);
+    for (int g = 0; g < G; g++) {
+        const float *wg = w + (long)g * H + j0;
+        vf16 wv[BT];
+        for (int v = 0; v < nv; v++) wv[v] = vload(wg + 16 * v);
+        for (int r = 0; r < R; r++) {
+            vf16 d = vsplat(dg[(long)(b + r) * G + g]);
+            for (int v = 0; v < nv; v++) acc[r][v] = acc[r][v] + d * wv[v];
+        }
+    }
     for (int r = 0; r < R; r++)
-        for (int v = 0; v < nv; v++) vstore(out[r] + g0 + 16 * v, acc[r][v]);
+        for (int v = 0; v < nv; v++) vstore(dh + (long)(b + r) * H + j0 + 16 * v, acc[r][v]);
 }
 
-/* The same for one row and the scalar columns g0 .. G - 1 (fewer than 16); bias, x may be
- * NULL (0; no input term, E = 0). */
-static void mm_tail(int G, int g0, const float *bias, int E, const float *x, const float *wx,
-                    int H, const float *h, const float *wh, float *out) {
-    for (int g = g0; g < G; g++) {
-        float acc = bias ? bias[g] : 0.0f;
-        for (int j = 0; j < E; j++) acc = acc + x[j] * wx[(long)j * G + g];
-        for (int j = 0; j < H; j++) acc = acc + h[j] * wh[(long)j * G + g];
-        out[g] = acc;
-    }
-}
-
-/* One step's gate pre-activations for rows b < n: out[b] = bias + x[b] @ wx + h[b] @ wh
- * (row strides: the widths). Rows in pairs, FT vectors of gates at a time. */
-static void mm_block(int n, int G, const float *bias, int E, const float *x, const float *wx,
-                     int H, const float *h, const float *wh, float *out) {
-    for (int b = 0; b < n; b += 2) {
-        int R = b + 2 <= n ? 2 : 1;
-        const float *xs[2] = {x + (long)b * E, x + (long)(b + R - 1) * E};
-        const float *hs[2] = {h + (long)b * H, h + (long)(b + R - 1) * H};
-        float *os[2] = {out + (long)b * G, out + (long)(b + R - 1) * G};
-        int g0 = 0;
-        for (; g0 + 16 * FT <= G; g0 += 16 * FT) {
-            if (R == 2) mm_tile(2, FT, G, g0, bias, E, xs, wx, H, hs, wh, os);
-            else mm_tile(1, FT, G, g0, bias, E, xs, wx, H, hs, wh, os);
-        }
-        for (; g0 + 16 <= G; g0 += 16) {
-            if (R == 2) mm_tile(2, 1, G, g0, bias, E, xs, wx, H, hs, wh, os);
-            else mm_tile(1, 1, G, g0, bias, E, xs, wx, H, hs, wh, os);
-        }
-        for (int r = 0; r < R; r++)
-            if (g0 < G) mm_tail(G, g0, bias, E, xs[r], wx, H, hs[r], wh, os[r]);
-    }
+/* back_tile over all columns of R rows from b: BT vectors at a time, then one, then the
+ * scalar remainder (the same operations). */
+static inline __attribute__((always_inline)) void back_rows(int R, int G, int H, int b,
+                                                            const float *dg, const float *w,
+                                                            float *dh) {
+    int j0 = 0;
+    for (; j0 + 16 * BT <= H; j0 += 16 * BT) back_tile(R, BT, G, H, b, j0, dg, w, dh);
+    for (; j0 + 16 <= H; j0 += 16) back_tile(R, 1, G, H, b, j0, dg, w, dh);
+    for (int r = 0; r < R; r++)
+        if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
 }
 
 /* dh[b][j] = sum_g dg[b][g] w[g][j] (g in order) for rows b < n; w (G, H) row-major. Rows
- * in fours, BT vectors of j at a time; remainders of the same operations. */
+ * in blocks of BR (then fours, pairs, one), BT vectors of j at a time. */
 static void mm_back(int n, int G, int H, const float *dg, const float *w, float *dh) {
     int b = 0;
-    for (; b + 4 <= n; b += 4) {
-        int j0 = 0;
-        for (; j0 + 16 * BT <= H; j0 += 16 * BT) {
-            vf16 acc[4][BT];
-            for (int r = 0; r < 4; r++)
-                for (int v = 0; v < BT; v++) acc[r][v] = vsplat(0.0f);
-            for (int g = 0; g < G; g++) {
-                const float *wg = w + (long)g * H + j0;
-                vf16 d[4];
-                for (int r = 0; r < 4; r++) d[r] = vsplat(dg[(long)(b + r) * G + g]);
-                for (int v = 0; v < BT; v++) {
-                    vf16 wv = vload(wg + 16 * v);
-                    for (int r = 0; r < 4; r++) acc[r][v] = acc[r][v] + d[r] * wv;
-                }
-            }
-            for (int r = 0; r < 4; r++)
-                for (int v = 0; v < BT; v++) vstore(dh + (long)(b + r) * H + j0 + 16 * v, acc[r][v]);
-        }
-        for (; j0 + 16 <= H; j0 += 16) {
-            vf16 acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
-            for (int g = 0; g < G; g++) {
-                vf16 wv = vload(w + (long)g * H + j0);
-                for (int r = 0; r < 4; r++) acc[r] = acc[r] + vsplat(dg[(long)(b + r) * G + g]) * wv;
-            }
-            for (int r = 0; r < 4; r++) vstore(dh + (long)(b + r) * H + j0, acc[r]);
-        }
-        for (int r = 0; r < 4; r++)
-            if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
-    }
-    for (; b < n; b++) {
-        int j0 = 0;
-        for (; j0 + 16 <= H; j0 += 16) {
-            vf16 acc = vsplat(0.0f);
-            for (int g = 0; g < G; g++) acc = acc + vsplat(dg[(long)b * G + g]) * vload(w + (long)g * H + j0);
-            vstore(dh + (long)b * H + j0, acc);
-        }
-        if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)b * G, w, dh + (long)b * H);
-    }
+    for (; b + BR <= n; b += BR) back_rows(BR, G, H, b, dg, w, dh);
+    if (b + 4 <= n) back_rows(4, G, H, b, dg, w, dh), b += 4;
+    if (b + 2 <= n) back_rows(2, G, H, b, dg, w, dh), b += 2;
+    if (b < n) back_rows(1, G, H, b, dg, w, dh);
 }
 
 /* The activations of one row in place: z (o, i, f, g pre-activations) -> act; then c, tanh(c), h. */
