@@ -162,3 +162,8 @@ def usable(x: torch.Tensor, hidden: int = 1) -> CpuKernels | None:
 def ptr(x: torch.Tensor) -> int:
     """Address of ``x``'s first element."""
     return int(x.data_ptr())
+
+
+def ptr_or_none(x: torch.Tensor | None) -> int | None:
+    """:func:`ptr`, or None (a NULL pointer for the kernels) for no tensor."""
+    return None if x is None else ptr(x)

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from trainables.models.ckernels import CpuKernels, ptr, usable
+from trainables.models.ckernels import CpuKernels, ptr, ptr_or_none, usable
 
 CHUNK_FLOATS = 65536
 """Backward gate derivatives are computed for chunks of about this many gate values."""
@@ -202,10 +202,6 @@ def _rows(active: tuple[int, ...] | None) -> Any:
     return (ctypes.c_int * len(active))(*active) if active else None
 
 
-def _ptr(x: torch.Tensor | None) -> int | None:
-    return None if x is None else ptr(x)
-
-
 def _fused_forward(
     ctx: Any,
     kern: CpuKernels,
@@ -231,7 +227,7 @@ def _fused_forward(
     act = x.new_empty(k, t_len, b, g4)  # gate activations o, i, f, g (of live rows)
     hs = x.new_empty(k, t_len, b, hid)  # the kernel writes 0 past the live rows
     cs, tcs = torch.empty_like(hs), torch.empty_like(hs)  # cell states, tanh(c) (live rows)
-    kern.fwd_seq(k, t_len, b, hid, e, ptr(x), ptr(w_ih_t), _ptr(b_c), ptr(w_hh_t), ptr(h0),
+    kern.fwd_seq(k, t_len, b, hid, e, ptr(x), ptr(w_ih_t), ptr_or_none(b_c), ptr(w_hh_t), ptr(h0),
                  ptr(c0), _rows(active), ptr(act), ptr(cs), ptr(tcs), ptr(hs))
     ctx.fused = kern
     ctx.save_for_backward(x, act, hs, cs, tcs, h0, c0, w_ih, w_hh)
@@ -256,9 +252,9 @@ def _fused_backward(
     dx = torch.empty_like(x)
     dh, dc = hs.new_empty(k, b, hid), hs.new_empty(k, b, hid)
     d_bias = act.new_empty(k, 1, g4) if ctx.has_bias else None
-    kern.bwd_seq(k, t_len, b, hid, e, ptr(w_ih_c), ptr(w_hh_c), _ptr(dhs_c), _ptr(dcs_c),
+    kern.bwd_seq(k, t_len, b, hid, e, ptr(w_ih_c), ptr(w_hh_c), ptr_or_none(dhs_c), ptr_or_none(dcs_c),
                  ptr(act), ptr(cs), ptr(tcs), ptr(c0), _rows(ctx.active), ptr(d_gates),
-                 ptr(dx), ptr(dh), ptr(dc), _ptr(d_bias))
+                 ptr(dx), ptr(dh), ptr(dc), ptr_or_none(d_bias))
     return dx, _d_weight(d_gates, x), _d_w_hh(d_gates, hs, h0), dh, dc, None, d_bias
 
 

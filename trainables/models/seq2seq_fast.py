@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.models.base import MemberNoise
-from trainables.models.ckernels import ptr, usable
+from trainables.models.ckernels import ptr, ptr_or_none, usable
 from trainables.models.seq2seq_cells import (
     cell_step_eval,
     double_g,
@@ -461,9 +461,9 @@ class FastStepper:
         steps32 = steps.to(torch.int32).contiguous()
         failed = kern.greedy(
             k, n, len(layers), hd, he, s, v, vp, a.tgt_vocab, t_max, BOS, ptr(steps32),
-            ptr(w.tgt_table), _ptr_or_none(w_ih_t), _ptr_or_none(bias), ptr(w_hh_t), ptr(h),
-            ptr(c2), _ptr_or_none(keys_t), _ptr_or_none(mask), _ptr_or_none(enc),
-            _ptr_or_none(comb_ctx_t), _ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b), ptr(tokens),
+            ptr(w.tgt_table), ptr_or_none(w_ih_t), ptr_or_none(bias), ptr(w_hh_t), ptr(h),
+            ptr(c2), ptr_or_none(keys_t), ptr_or_none(mask), ptr_or_none(enc),
+            ptr_or_none(comb_ctx_t), ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b), ptr(tokens),
         )
         if failed:
             raise MemoryError("the C greedy decoder could not allocate its buffers")
@@ -474,7 +474,3 @@ class FastStepper:
         idx = index.view(1, self.k, self.n, 1).expand_as(self.h)
         self.h = self.h.gather(2, idx)
         self.c2 = self.c2.gather(2, idx)
-
-
-def _ptr_or_none(x: torch.Tensor | None) -> int | None:
-    return None if x is None else ptr(x)
