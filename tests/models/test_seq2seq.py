@@ -7,6 +7,7 @@ tensor is ``max|a - b| / max|b|``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from trainables.errors import ConfigError
-from trainables.models import ckernels, seq2seq_cells, seq2seq_logits
+from trainables.models import ckernels, seq2seq_cells, seq2seq_fast, seq2seq_logits
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import REDUCTIONS, Seq2Seq, Seq2SeqConfig
 from trainables.models.seq2seq_decode import beam_decode, greedy_decode
@@ -413,6 +414,60 @@ def test_greedy_in_one_call_equals_step_by_step_greedy(variant: str, kernels: st
         if k == 1:
             assert alone[0, b, :n].tolist() == fast[1, b, :n].tolist()
     assert len({tuple(r[: int(n)].tolist()) for r, n in zip(fast[0], steps[0], strict=True)}) > 5
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_evaluation_in_one_pass_equals_teacher_forcing_and_greedy_apart(variant: str, kernels: str) -> None:
+    """``evaluate_batch`` (on a CPU one C call: greedy decoding goes on from the
+    teacher-forced pass where a row's argmax leaves its gold) gives the teacher-forced losses
+    and hits of the torch ops and the tokens of step-by-step greedy decoding. Member 0's
+    gold is a prefix of its own greedy output: all of it but the EOS position (it follows
+    the gold to its last step), half of it (decoding goes on past the gold), longer than
+    its steps (decoding stops inside the gold), or with one token changed (it leaves the
+    gold there); the other members leave it early. A member evaluates alone what it
+    evaluates in the bundle."""
+    src = pairs(60, seed=13).src
+    m = model(3, [31, 32, 33], init_range=0.8, teacher_forced_exact=True, **VARIANTS[variant])
+    rows = [np.arange(len(src))] * 3
+    any_tgt = SeqPairs(src, [np.array([3])] * len(src), np.arange(len(src)))
+    greedy0 = m.predict(m.make_batch(any_tgt, rows, torch.device("cpu")))[0]
+    tgt, right = [], []  # right: leading gold tokens that are member 0's greedy tokens
+    for i, out in enumerate(greedy0):
+        g, kind = out.copy(), i % 4
+        t = [g[:-1], g[: len(g) // 2], np.concatenate([g, [3, 4]]), g[:-1].copy()][kind]
+        ok = min(len(t), len(g))
+        if kind == 3:
+            ok = int(np.random.default_rng(i).integers(0, len(t)))
+            t[ok] = 3 + (t[ok] - 3 + 1) % N_TGT  # another real token
+        tgt.append(t)
+        right.append(ok)
+    data = SeqPairs(src, tgt, np.arange(len(src)))
+    batch = m.make_batch(data, rows, torch.device("cpu"))
+    params = dict(m.named_parameters())
+    with torch.no_grad():
+        values, preds = m.evaluate_batch(batch)
+        engine = m.engine
+        assert isinstance(engine, seq2seq_fast.FastEngine)
+        w = seq2seq_fast._weights(m.arch, params, evaluation=True)
+        ce, hit = engine._token_outputs(w, batch, None, True, engine.encode(w, batch, None))
+        apart = m._metrics(ce, hit, batch)  # the torch ops' teacher forcing
+        steps = torch.from_numpy(batch.decode_steps)
+        slow = greedy_decode(m.engine.start_decode(params, batch, 1), steps)  # step by step
+        lone = m.to_impl("fast", 1)
+        one = lone.make_batch(data, rows[:1], torch.device("cpu"))
+        lone_values, lone_preds = lone.evaluate_batch(one)
+    for name, v in values.items():
+        assert torch.allclose(v, apart[name], rtol=1e-5, atol=1e-5), name
+    for k, b in itertools.product(range(3), range(len(src))):
+        assert preds[k][b].tolist() == slow[k, b, : int(steps[k, b])].tolist()
+    for name, v in lone_values.items():  # bitwise in C; torch's gemms may round otherwise
+        same = torch.equal if kernels == "fused" else functools.partial(torch.allclose, rtol=1e-6)
+        assert same(v[0], values[name][1]), name
+    assert all(np.array_equal(a, b) for a, b in zip(lone_preds[0], preds[1], strict=True))
+    followed = torch.tensor([r / (len(t) + 1) for r, t in zip(right, tgt, strict=True)])
+    assert bool((values["tf_token"][0] >= followed - 1e-6).all())
+    assert float(values["tf_token"][0].mean()) > 0.5 > float(values["tf_token"][1:].mean())
+    assert len({tuple(p) for p in preds[0]}) > 5  # predictions really vary
 
 
 def test_beam_search_is_exact_when_the_beam_holds_every_prefix(kernels: str) -> None:

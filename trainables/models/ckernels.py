@@ -4,7 +4,8 @@
 and backward, the input projection and the recurrent matmul included),
 :file:`kernels/lstm_cell.c` one evaluation time step, :file:`kernels/logits.c` row-wise
 cross-entropy and argmax of the output layer's logits, :file:`kernels/attention.c` one
-decoding step's attention and :file:`kernels/decode.c` greedy decoding of a whole batch,
+decoding step's attention and :file:`kernels/decode.c` the teacher-forced losses and greedy
+decoding of a whole batch,
 as plain C loops (see their headers; the ``.h`` files hold what several share). They are
 compiled once per machine with the system C compiler (``cc``, or ``$CC``) for this CPU
 (``-march=native``) into one library in ``$FINELINE_CACHE`` (default
@@ -84,7 +85,7 @@ class CpuKernels:
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
         self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
         self.attend_one = _bind(lib.attend_one, [_I, _I, _I, _I, _F, _F, _F, _F, _F])
-        self.greedy = _bind(lib.greedy_decode, [_I] * 10 + [_I64] + [_F] * 15, ctypes.c_int)
+        self.decode = _bind(lib.decode_batch, [_I] * 11 + [_I64] + [_F] * 20, ctypes.c_int)
 
 
 def _bind(fn: Any, argtypes: list[Any], restype: Any = None) -> Any:

@@ -54,7 +54,7 @@ from torch import nn
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
-from trainables.models.seq2seq_decode import beam_decode
+from trainables.models.seq2seq_decode import decode
 from trainables.models.seq2seq_fast import FastEngine
 from trainables.models.seq2seq_layout import (
     IGNORE,
@@ -295,14 +295,16 @@ class Seq2Seq(Model):
     def predict(self, batch: Any) -> list[Sequence[np.ndarray]]:
         """K :class:`TokenRows` of B int64 rows: greedy (or beam) decoding for each example's
         decode_len."""
-        return self._decode(self.engine.start_decode(self._params(), batch, self.cfg.beam_width), batch)
+        width = self.cfg.beam_width
+        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
+        return self._rows(decode(self.engine.start_decode(self._params(), batch, width), steps, width), batch)
 
     @torch.no_grad()
     def evaluate_batch(self, batch: Any) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
         """:meth:`example_metrics` and :meth:`predict` from one encoding of the batch."""
         hits = self.cfg.teacher_forced_exact
-        ce, hit, stepper = self.engine.evaluate(self._params(), batch, hits, self.cfg.beam_width)
-        return self._metrics(ce, hit, batch), self._decode(stepper, batch)
+        ce, hit, tokens = self.engine.evaluate(self._params(), batch, hits, self.cfg.beam_width)
+        return self._metrics(ce, hit, batch), self._rows(tokens, batch)
 
     def _metrics(
         self, ce: torch.Tensor, hit: torch.Tensor | None, batch: Seq2SeqBatch
@@ -320,9 +322,7 @@ class Seq2Seq(Model):
             "tf_token": 1.0 - wrong / tokens,
         }
 
-    def _decode(self, stepper: Any, batch: Seq2SeqBatch) -> list[Sequence[np.ndarray]]:
-        width = self.cfg.beam_width
-        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
-        tokens = stepper.greedy(steps) if width == 1 else beam_decode(stepper, steps, width)
+    def _rows(self, tokens: torch.Tensor, batch: Seq2SeqBatch) -> list[Sequence[np.ndarray]]:
+        """Decoded tokens (K, B, max steps) as K :class:`TokenRows`, each row cut to its steps."""
         out = tokens.cpu().numpy()
         return [TokenRows(out[k], batch.decode_steps[k]) for k in range(self.k)]

@@ -46,6 +46,12 @@ def greedy_decode(stepper: Stepper, steps: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def decode(stepper: Stepper, steps: torch.Tensor, width: int) -> torch.Tensor:
+    """Greedy decoding (``width`` 1) or beam search: steps (K, B) int64 -> tokens (K, B,
+    max steps) int64."""
+    return stepper.greedy(steps) if width == 1 else beam_decode(stepper, steps, width)
+
+
 def beam_decode(stepper: Stepper, steps: torch.Tensor, width: int) -> torch.Tensor:
     """Beam search (see the module doc). The stepper holds N = B * width hypotheses,
     example b's in rows b * width .. (b + 1) * width - 1. Returns (K, B, max steps)."""

@@ -50,7 +50,7 @@ from trainables.models.seq2seq_cells import (
     lstm_sequence_eval,
     prepare_gates,
 )
-from trainables.models.seq2seq_decode import greedy_decode
+from trainables.models.seq2seq_decode import decode, greedy_decode
 from trainables.models.seq2seq_layout import (
     IGNORE,
     Arch,
@@ -243,19 +243,35 @@ class FastEngine(Engine):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Cross-entropy of every listed target token (K, N), 0 at token-list padding; with
         ``hits`` also whether each token is the argmax of its logits (K, N) bool."""
-        w = _weights(self.arch, params, evaluation=noise is None and not torch.is_grad_enabled())
-        return self._token_outputs(w, batch, noise, hits, self.encode(w, batch, noise))
+        evaluation = noise is None and not torch.is_grad_enabled()
+        w = _weights(self.arch, params, evaluation=evaluation)
+        encoded = self.encode(w, batch, noise)
+        if evaluation:
+            stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, 1)
+            if stepper.in_c():  # the teacher-forced pass of the C decoder, no greedy steps
+                _, ce, hit = stepper.decode_in_c(torch.zeros_like(batch.src_len), batch)
+                assert ce is not None
+                return ce, hit if hits else None
+        return self._token_outputs(w, batch, noise, hits, encoded)
 
     @torch.no_grad()
     def evaluate(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, hits: bool, width: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, FastStepper]:
-        """Teacher-forced losses (and hits) and a decoding stepper from ONE encoding of the
-        batch (encoding is about 7% of evaluating a symbol-rewriting batch)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Teacher-forced losses (and hits) and decoded tokens from ONE encoding of the batch;
+        on a CPU with greedy decoding both from one call of the C decoder, which decodes a
+        row greedily only from where its argmax leaves its gold tokens
+        (:meth:`FastStepper.decode_in_c`)."""
         w = _weights(self.arch, params, evaluation=True)
         encoded = self.encode(w, batch, None)
+        stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, width)
+        steps = torch.from_numpy(batch.decode_steps)
+        if stepper.in_c():
+            tokens, ce, hit = stepper.decode_in_c(steps, batch)
+            assert ce is not None
+            return ce, hit if hits else None, tokens
         ce, hit = self._token_outputs(w, batch, None, hits, encoded)
-        return ce, hit, FastStepper(self.arch, w, *encoded, batch.src_mask, width)
+        return ce, hit, decode(stepper, steps.to(batch.src.device), width)
 
     def _token_outputs(
         self,
@@ -427,18 +443,29 @@ class FastStepper:
 
     def greedy(self, steps: torch.Tensor) -> torch.Tensor:
         """:func:`greedy_decode` (K, B, max steps); on a CPU every step in one call of the C
-        decoder (``kernels/decode.c``), which computes the same to float rounding. Consumes
-        the stepper's states."""
+        decoder (:meth:`decode_in_c`), which computes the same to float rounding."""
+        if not self.in_c():
+            return greedy_decode(self, steps)
+        return self.decode_in_c(steps)[0]
+
+    def in_c(self) -> bool:
+        """Whether :meth:`decode_in_c` can run: the C kernels on this device, width 1."""
+        return self.width == 1 and usable(self.enc, self.arch.dec_hidden) is not None
+
+    def decode_in_c(
+        self, steps: torch.Tensor, gold: Seq2SeqBatch | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Greedy tokens (K, B, max steps) and, given ``gold`` (the batch this stepper
+        encoded), the teacher-forced cross-entropy (K, N) and argmax hits (K, N) bool of its
+        token list, from one call of the C decoder (``kernels/decode.c``): greedy decoding
+        goes on from the teacher-forced pass where a row's argmax leaves its gold tokens.
+        Needs :meth:`in_c`. The stepper's states are left as they were."""
         a, w = self.arch, self.w
         kern = usable(self.enc, a.dec_hidden)
-        if kern is None or self.width != 1:
-            return greedy_decode(self, steps)
-        assert w.tgt_table is not None
+        assert kern is not None and self.width == 1 and w.tgt_table is not None
         k, n, hd = self.k, self.n, a.dec_hidden
         t_max = int(steps.max()) if steps.numel() else 0
-        tokens = torch.zeros(k, n, t_max, dtype=torch.int64)
-        if t_max == 0:
-            return tokens
+        tokens = torch.zeros(k, n, max(t_max, 1), dtype=torch.int64)
         v = w.out_t.shape[-1]
         vp = -(-v // 16) * 16  # whole 16-lane vectors: the padding columns are 0, never read
         out_t = w.out_t.new_zeros(k, hd, vp)
@@ -450,7 +477,7 @@ class FastStepper:
         upper = layers[1:]
         w_ih_t = torch.stack([layer.w_ih_t for layer in upper]).contiguous() if upper else None
         bias = torch.stack([layer.bias[:, 0] for layer in upper]).contiguous() if upper else None
-        h, c2 = self.h.contiguous(), self.c2.contiguous()  # (L, K, N, Hd), updated in place
+        h, c2 = self.h.contiguous(), self.c2.contiguous()  # (L, K, N, Hd)
         keys_t = mask = enc = comb_ctx_t = comb_h_t = None
         s = he = 0
         if self.keys_t is not None:
@@ -458,16 +485,34 @@ class FastStepper:
             keys_t, mask, enc = self.keys_t, self.bias.contiguous(), self.enc.contiguous()
             comb_ctx_t, comb_h_t = w.comb_ctx_t.contiguous(), w.comb_h_t.contiguous()
             s, he = enc.shape[1], enc.shape[2]
+        tg = 0
+        glen = gold_in = gold_out = ce = hit = None
+        if gold is not None:
+            tg = gold.tgt_in.shape[2]
+            glen = gold.tgt_mask.sum(2, dtype=torch.int32)  # (K, B): n + 1 positions
+            gold_in, gold_out = gold.tgt_in.contiguous(), gold.tgt_out.contiguous()
+            ce = w.out_t.new_zeros(k, n, tg)
+            hit = torch.zeros(k, n, tg, dtype=torch.bool)
         steps32 = steps.to(torch.int32).contiguous()
-        failed = kern.greedy(
-            k, n, len(layers), hd, he, s, v, vp, a.tgt_vocab, t_max, BOS, ptr(steps32),
+        failed = kern.decode(
+            k, n, len(layers), hd, he, s, v, vp, a.tgt_vocab, tokens.shape[2], tg, BOS,
+            ptr(steps32), ptr_or_none(glen), ptr_or_none(gold_in), ptr_or_none(gold_out),
             ptr(w.tgt_table), ptr_or_none(w_ih_t), ptr_or_none(bias), ptr(w_hh_t), ptr(h),
             ptr(c2), ptr_or_none(keys_t), ptr_or_none(mask), ptr_or_none(enc),
-            ptr_or_none(comb_ctx_t), ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b), ptr(tokens),
+            ptr_or_none(comb_ctx_t), ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b),
+            ptr_or_none(ce), ptr_or_none(hit), ptr(tokens),
         )
         if failed:
-            raise MemoryError("the C greedy decoder could not allocate its buffers")
-        return tokens
+            raise MemoryError("the C decoder could not allocate its buffers")
+        tokens = tokens[:, :, :t_max]
+        if gold is None:
+            return tokens, None, None
+        assert ce is not None and hit is not None
+        real = gold.tok_target != IGNORE  # (K, N): token-list padding is no token
+        pos = gold.tok_pos.view(-1)
+        ce_tok = ce.view(-1).index_select(0, pos).view_as(real).masked_fill_(~real, 0.0)
+        hit_tok = hit.view(-1).index_select(0, pos).view_as(real) & real
+        return tokens, ce_tok, hit_tok
 
     def reorder(self, index: torch.Tensor) -> None:
         """Hypothesis j of member k becomes the old hypothesis ``index[k, j]`` (K, N)."""

@@ -43,6 +43,7 @@ from torch import nn
 
 from trainables.errors import DataError
 from trainables.models.base import MemberNoise
+from trainables.models.seq2seq_decode import decode
 from trainables.tasks.base import BOS, EOS, SeqPairs, SplitData
 
 IGNORE = -100
@@ -317,8 +318,10 @@ class Engine(ABC):
 
     def evaluate(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, hits: bool, width: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """Without noise: :meth:`token_outputs` and a stepper (:meth:`start_decode`); an
-        implementation may share the encoding between them."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Without noise: :meth:`token_outputs` and the decoded tokens (K, B, max steps) of
+        greedy decoding or beam search of ``width``; an implementation may share work
+        between them."""
         ce, hit = self.token_outputs(params, batch, None, hits)
-        return ce, hit, self.start_decode(params, batch, width)
+        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
+        return ce, hit, decode(self.start_decode(params, batch, width), steps, width)

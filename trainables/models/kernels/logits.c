@@ -9,27 +9,7 @@
  * and a NaN counts as the maximum (the first NaN wins).
  */
 #include "argmax.h"
-
-/* sum(exp(x - best)) over the row, also written to e when e is not NULL. */
-static inline float row_exp_sum(int V, const float *restrict x, float best, float *restrict e) {
-    vf16 s = vsplat(0.0f);
-    int j = 0;
-    for (; j + LANES <= V; j += LANES) {
-        vf16 v = exp_v(vload(x + j) - best);
-        if (e) vstore(e + j, v);
-        s += v;
-    }
-    float sl[LANES];
-    to_lanes(s, sl);
-    for (int l = 0; j + l < V; l++) {
-        float v = exp_f(x[j + l] - best);
-        if (e) e[j + l] = v;
-        sl[l] += v;
-    }
-    float sum = 0.0f;
-    for (int l = 0; l < LANES; l++) sum += sl[l];
-    return sum;
-}
+#include "lse.h"
 
 /* argmax of each row into out (M int64). */
 void logits_argmax(int M, int V, const float *x, int64_t *out) {
@@ -45,13 +25,9 @@ void logits_argmax(int M, int V, const float *x, int64_t *out) {
 void logits_ce(int M, int V, const float *x, const int64_t *target, int64_t ignore,
                float *ce, uint8_t *hit) {
     for (int r = 0; r < M; r++) {
-        const float *row = x + (long)r * V;
-        float best;
-        int nan;
-        int64_t i = row_argmax(V, row, &best, &nan);
-        float lse = nan ? NAN : logf(row_exp_sum(V, row, best, NULL)) + best;
-        int64_t t = target[r];
-        ce[r] = t == ignore ? 0.0f : lse - row[t];
+        int64_t t = target[r], i;
+        float c = row_ce(V, x + (long)r * V, t == ignore ? 0 : t, &i);
+        ce[r] = t == ignore ? 0.0f : c;
         if (hit) hit[r] = t != ignore && i == t;
     }
 }

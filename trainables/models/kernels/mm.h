@@ -11,8 +11,13 @@
 #define FINELINE_MM_H
 #include "fmath.h"
 
+/* The tile; a file may set its own before including this one (decode.c does). */
+#ifndef FR
 #define FR 2 /* rows per tile: 2 rows x 8 vectors = 16 accumulators (+ 8 weight vectors) */
+#endif
+#ifndef FT
 #define FT 8 /* vectors per column tile (128 floats) */
+#endif
 
 /* acc[r] += sum_j a[r][j] w[j][g0 + .] over the 16 * nv columns from g0, j in order. */
 static inline __attribute__((always_inline)) void mm_term(

@@ -1,0 +1,41 @@
+/* The log-sum-exp of a row of logits and its cross-entropy (see logits.c), shared by the
+ * logits kernels and the decoder's teacher-forced pass (decode.c). The sum runs in 16 fixed
+ * lanes combined in a fixed order, so a row's result depends only on that row. */
+#ifndef FINELINE_LSE_H
+#define FINELINE_LSE_H
+#include <math.h>
+
+#include "argmax.h"
+
+/* sum(exp(x - best)) over the row, also written to e when e is not NULL. */
+static inline float row_exp_sum(int V, const float *restrict x, float best, float *restrict e) {
+    vf16 s = vsplat(0.0f);
+    int j = 0;
+    for (; j + LANES <= V; j += LANES) {
+        vf16 v = exp_v(vload(x + j) - best);
+        if (e) vstore(e + j, v);
+        s += v;
+    }
+    float sl[LANES];
+    to_lanes(s, sl);
+    for (int l = 0; j + l < V; l++) {
+        float v = exp_f(x[j + l] - best);
+        if (e) e[j + l] = v;
+        sl[l] += v;
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += sl[l];
+    return sum;
+}
+
+/* Cross-entropy of the row against target (log-sum-exp - x[target]; NaN if the row holds a
+ * NaN) and the row's argmax (torch's semantics) in *argmax. */
+static inline float row_ce(int V, const float *restrict x, int64_t target, int64_t *argmax) {
+    float best;
+    int nan;
+    *argmax = row_argmax(V, x, &best, &nan);
+    float lse = nan ? NAN : logf(row_exp_sum(V, x, best, NULL)) + best;
+    return lse - x[target];
+}
+
+#endif
