@@ -79,7 +79,7 @@ class CpuKernels:
         self.path = path
         self.eval_step = _bind(lib.lstm_eval_step, [_I, _I, _I, _F, _L, _F, _L, _F, _F, _L])
         self.fwd_seq = _bind(lib.lstm_fwd_seq, [_I] * 5 + [_F] * 11)
-        self.bwd_seq = _bind(lib.lstm_bwd_seq, [_I] * 5 + [_F] * 14)
+        self.bwd_seq = _bind(lib.lstm_bwd_seq, [_I] * 5 + [_F] * 19)
         self.argmax = _bind(lib.logits_argmax, [_I, _I, _F, _F])
         self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])

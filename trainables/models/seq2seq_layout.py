@@ -184,7 +184,12 @@ def collate(
     reverse_source: bool,
     decode_len: Callable[[np.ndarray], np.ndarray],
 ) -> Seq2SeqBatch:
-    """Build a :class:`Seq2SeqBatch` from member k's example indices ``rows[k]`` (equal lengths)."""
+    """Build a :class:`Seq2SeqBatch` from member k's example indices ``rows[k]`` (equal lengths).
+    When every member has the same rows (evaluation), one member's batch is built and
+    repeated (:func:`repeat_members`)."""
+    if len(rows) > 1 and all(r is rows[0] or np.array_equal(r, rows[0]) for r in rows[1:]):
+        one = collate(data, rows[:1], device, reverse_source, decode_len)
+        return repeat_members(one, len(rows))
     data = seq_pairs(data)
     index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
     k, b = index.shape
@@ -255,6 +260,40 @@ def collate(
         decode_steps=np.asarray(decode_len(ls.ravel()), dtype=np.int64).reshape(k, b),
         src_active=active_rows(src_mask),
         tgt_active=active_rows(tgt_mask),
+    )
+
+
+def repeat_members(one: Seq2SeqBatch, k: int) -> Seq2SeqBatch:
+    """The batch :func:`collate` builds for ``k`` members that all have the rows of
+    ``one``'s single member: the same values, positions offset member by member."""
+    _, b, s = one.src.shape
+    t, n = one.tgt_in.shape[2], one.tok_pos.shape[1]
+    member = torch.arange(k, device=one.src.device).view(k, 1)
+
+    def rep(x: torch.Tensor) -> torch.Tensor:
+        return x.expand(k, *x.shape[1:]).contiguous()
+
+    return Seq2SeqBatch(
+        src=rep(one.src),
+        src_len=rep(one.src_len),
+        src_mask=rep(one.src_mask),
+        tgt_in=rep(one.tgt_in),
+        tgt_out=rep(one.tgt_out),
+        tgt_mask=rep(one.tgt_mask),
+        tok_pos=one.tok_pos + member * (b * t),
+        tok_target=rep(one.tok_target),
+        tok_example=one.tok_example + member * b,
+        tok_step_weight=rep(one.tok_step_weight),
+        n_tokens=rep(one.n_tokens),
+        src_counts=one.src_counts * k,
+        tgt_counts=one.tgt_counts * k,
+        src_tm_pos=(one.src_tm_pos + member * (s * b)).view(-1),
+        tgt_tm_pos=(one.tgt_tm_pos + member * (t * b)).view(-1),
+        tok_list_pos=(one.tok_list_pos + member * n).view(-1),
+        src_rev=rep(one.src_rev),
+        decode_steps=np.repeat(one.decode_steps, k, 0),
+        src_active=one.src_active,
+        tgt_active=one.tgt_active,
     )
 
 

@@ -62,6 +62,55 @@ static void mm_back(int n, int G, int H, const float *dg, const float *w, float 
     if (b < n) back_rows(1, G, H, b, dg, w, dh);
 }
 
+#define WR 8 /* gate rows per tile of a weight gradient: 8 rows x 2 vectors = 16 accumulators */
+#define WT 2 /* vectors per column tile of a weight gradient */
+
+/* dw[g0 + r][j0 + .] += sum_b dg[b][g0 + r] x[b][j0 + .] (b in order) for R gate rows and
+ * the 16 * nv columns from j0; dg (n, G), x (n, F) and dw (G, F) row-major. */
+static inline __attribute__((always_inline)) void grad_tile(int R, int nv, int n, int G, int F,
+                                                            int g0, int j0, const float *dg,
+                                                            const float *x, float *dw) {
+    vf16 acc[WR][WT];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = vload(dw + (long)(g0 + r) * F + j0 + 16 * v);
+    for (int b = 0; b < n; b++) {
+        const float *xb = x + (long)b * F + j0, *db = dg + (long)b * G + g0;
+        vf16 xv[WT];
+        for (int v = 0; v < nv; v++) xv[v] = vload(xb + 16 * v);
+        for (int r = 0; r < R; r++) {
+            vf16 d = vsplat(db[r]);
+            for (int v = 0; v < nv; v++) acc[r][v] = acc[r][v] + d * xv[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++) vstore(dw + (long)(g0 + r) * F + j0 + 16 * v, acc[r][v]);
+}
+
+/* grad_tile over all F columns of R gate rows from g0: WT vectors at a time, then one, then
+ * the scalar remainder (the same operations). */
+static inline __attribute__((always_inline)) void grad_rows(int R, int n, int G, int F, int g0,
+                                                            const float *dg, const float *x,
+                                                            float *dw) {
+    int j0 = 0;
+    for (; j0 + 16 * WT <= F; j0 += 16 * WT) grad_tile(R, WT, n, G, F, g0, j0, dg, x, dw);
+    for (; j0 + 16 <= F; j0 += 16) grad_tile(R, 1, n, G, F, g0, j0, dg, x, dw);
+    for (int r = 0; r < R; r++)
+        for (int j = j0; j < F; j++) {
+            float acc = dw[(long)(g0 + r) * F + j];
+            for (int b = 0; b < n; b++) acc = acc + dg[(long)b * G + g0 + r] * x[(long)b * F + j];
+            dw[(long)(g0 + r) * F + j] = acc;
+        }
+}
+
+/* A weight's gradient over one step: dw (G, F) += dg^T x over rows b < n, each element
+ * accumulating over the rows in order (so over a whole backward: steps from the last, rows
+ * in order; a member's rows past the live ones have dg = 0 and add nothing). */
+static void mm_grad(int n, int G, int F, const float *dg, const float *x, float *dw) {
+    int g = 0;
+    for (; g + WR <= G; g += WR) grad_rows(WR, n, G, F, g, dg, x, dw);
+    for (; g < G; g++) grad_rows(1, n, G, F, g, dg, x, dw);
+}
+
 /* The activations of one row in place: z (o, i, f, g pre-activations) -> act; then c, tanh(c), h. */
 static inline void cell_row(int H, float *restrict a, const float *restrict cp,
                             float *restrict c_out, float *restrict tc_out, float *restrict h_out) {
@@ -134,18 +183,23 @@ void lstm_fwd_seq(int K, int T, int B, int H, int E, const float *x, const float
 }
 
 /* Training backward of lstm_fwd_seq. dhs, dcs (K, T, B, H; NULL: none) are the outputs'
- * gradients; w_ih (K, 4H, E), w_hh (K, 4H, H). Writes d_gates (K, T, B, 4H; 0 past the
- * live rows), dx (K, T, B, E; 0 past the live rows): the inputs' gradient, dh, dc (K, B,
- * H): the gradients of h0 and c0, and (unless NULL) d_bias (K, 4H): d_gates summed over the
- * live rows in a fixed order (steps from the last, rows in order), so padding a member's
- * batch with ended rows or steps adds nothing to it. */
-void lstm_bwd_seq(int K, int T, int B, int H, int E, const float *w_ih, const float *w_hh,
-                  const float *dhs, const float *dcs, const float *act, const float *cs,
-                  const float *tcs, const float *c0, const int *active, float *d_gates,
-                  float *dx, float *dh, float *dc, float *d_bias) {
+ * gradients; x, h0 and hs as in the forward; w_ih (K, 4H, E), w_hh (K, 4H, H). Writes
+ * d_gates (K, T, B, 4H; 0 past the live rows), dx (K, T, B, E; 0 past the live rows): the
+ * inputs' gradient, dh, dc (K, B, H): the gradients of h0 and c0, dw_ih (K, 4H, E) and dw_hh
+ * (K, 4H, H): the weights' gradients (mm_grad), and (unless NULL) d_bias (K, 4H): d_gates
+ * summed over the live rows. Every sum over steps and rows runs in a fixed order (steps from
+ * the last, rows in order), so padding a member's batch with ended rows or steps adds
+ * nothing to it. */
+void lstm_bwd_seq(int K, int T, int B, int H, int E, const float *x, const float *h0,
+                  const float *hs, const float *w_ih, const float *w_hh, const float *dhs,
+                  const float *dcs, const float *act, const float *cs, const float *tcs,
+                  const float *c0, const int *active, float *d_gates, float *dx, float *dh,
+                  float *dc, float *dw_ih, float *dw_hh, float *d_bias) {
     long G = 4L * H, sg = (long)B * G, sh = (long)B * H, sx = (long)B * E;
     memset(dh, 0, K * sh * sizeof(float));
     memset(dc, 0, K * sh * sizeof(float));
+    memset(dw_ih, 0, K * G * E * sizeof(float));
+    memset(dw_hh, 0, K * G * H * sizeof(float));
     if (d_bias) memset(d_bias, 0, K * G * sizeof(float));
     for (int k = 0; k < K; k++) {
         const float *w = w_hh + k * G * H, *wi = w_ih + k * G * E;
@@ -162,6 +216,8 @@ void lstm_bwd_seq(int K, int T, int B, int H, int E, const float *w_ih, const fl
                 for (int b = 0; b < n; b++) add_row(G, d_gates + og + b * G, d_bias + k * G);
             if (n < B) memset(d_gates + og + n * G, 0, (sg - n * G) * sizeof(float));
             long ox = ((long)k * T + t) * sx;
+            mm_grad(n, (int)G, E, d_gates + og, x + ox, dw_ih + k * G * E);
+            mm_grad(n, (int)G, H, d_gates + og, t ? hs + oh - sh : h0 + k * sh, dw_hh + k * G * H);
             mm_back(n, G, E, d_gates + og, wi, dx + ox);
             if (n < B) memset(dx + ox + (long)n * E, 0, (sx - (long)n * E) * sizeof(float));
             mm_back(n, G, H, d_gates + og, w, dhk);
