@@ -84,8 +84,8 @@ class CpuKernels:
         self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
         self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
-        self.attend_one = _bind(lib.attend_one, [_I, _I, _I, _I, _F, _F, _F, _F, _F])
-        self.decode = _bind(lib.decode_batch, [_I] * 11 + [_I64] + [_F] * 20, ctypes.c_int)
+        self.attend_one = _bind(lib.attend_one, [_I] * 5 + [_F] * 5)
+        self.decode = _bind(lib.decode_batch, [_I] * 12 + [_I64] + [_F] * 20, ctypes.c_int)
 
 
 def _bind(fn: Any, argtypes: list[Any], restype: Any = None) -> Any:

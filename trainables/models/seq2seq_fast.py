@@ -363,19 +363,20 @@ class FastEngine(Engine):
 def attend_one(
     keys_t: torch.Tensor, q: torch.Tensor, bias: torch.Tensor, enc: torch.Tensor
 ) -> torch.Tensor:
-    """Attention of one query per row: keys_t (R, D, S) (each row's keys transposed), q
-    (..., D) with R rows, bias (R, S) (-inf where masked), enc (R, S, E) -> context (R, E).
+    """Attention of one query per row: keys_t (R, D, Sp) (each row's keys transposed), q
+    (..., D) with R rows, bias (R, Sp) (-inf where masked), enc (R, S, E) -> context (R, E);
+    keys and bias may be padded past the S source positions (Sp >= S), which are ignored.
     One call of the C kernel on a CPU (``kernels/attention.c``), else a multiply-and-sum (a
     ``bmm`` of R one-row matrices costs 3-4x more)."""
-    r, d, s = keys_t.shape
-    e = enc.shape[-1]
+    r, d, sp = keys_t.shape
+    s, e = enc.shape[1:]
     kern = usable(q)
     if kern is not None:
         keys_t, q, bias, enc = (x.contiguous() for x in (keys_t, q, bias, enc))
         ctx = q.new_empty(r, e)
-        kern.attend_one(r, s, d, e, ptr(keys_t), ptr(q), ptr(bias), ptr(enc), ptr(ctx))
+        kern.attend_one(r, s, sp, d, e, ptr(keys_t), ptr(q), ptr(bias), ptr(enc), ptr(ctx))
         return ctx
-    scores = (keys_t * q.reshape(r, d, 1)).sum(1).add_(bias)  # (R, S)
+    scores = (keys_t[..., :s] * q.reshape(r, d, 1)).sum(1).add_(bias[:, :s])  # (R, S)
     return (enc * FastEngine.softmax(scores).unsqueeze(-1)).sum(1)
 
 
@@ -384,8 +385,8 @@ class FastStepper:
 
     Uses the evaluation weights (:class:`_Weights`, ``evaluation``): the cell state is kept
     doubled (:func:`cell_step_eval`), layer 0's input projection is a table lookup, and
-    the attention of one query per hypothesis is :func:`attend_one` (keys kept transposed,
-    ``(K * N, Hd, S)``).
+    the attention of one query per hypothesis is :func:`attend_one` (keys kept transposed and
+    padded to whole 16-lane vectors of source positions, ``(K * N, Hd, Sp)``).
     """
 
     def __init__(
@@ -405,13 +406,15 @@ class FastStepper:
         self.h = torch.stack(h_fin).repeat_interleave(width, 2)  # (L, K, N, Hd)
         self.c2 = torch.stack(c_fin).repeat_interleave(width, 2).mul_(2.0)  # doubled cells
         self.enc = enc.repeat_interleave(width, 1).view(k * self.n, s, he)  # (K * N, S, He)
+        sp = -(-s // 16) * 16  # keys and bias padded to whole 16-lane vectors (attend_one)
         self.keys_t = None
-        if keys is not None:  # (K, B, S, Hd) -> (K * N, Hd, S)
-            keys_t = keys.transpose(2, 3).repeat_interleave(width, 1)
-            self.keys_t = keys_t.reshape(k * self.n, -1, s).contiguous()
-        bias = torch.zeros(src_mask.shape, dtype=enc.dtype, device=enc.device)
-        bias.masked_fill_(~src_mask, float("-inf"))
-        self.bias = bias.repeat_interleave(width, 1).view(k * self.n, s)
+        if keys is not None:  # (K, B, S, Hd) -> (K * N, Hd, Sp)
+            keys_t = F.pad(keys.transpose(2, 3), (0, sp - s)).repeat_interleave(width, 1)
+            self.keys_t = keys_t.reshape(k * self.n, -1, sp).contiguous()
+        bias = torch.zeros(k, b, sp, dtype=enc.dtype, device=enc.device)
+        bias[:, :, :s].masked_fill_(~src_mask, float("-inf"))
+        bias[:, :, s:] = float("-inf")
+        self.bias = bias.repeat_interleave(width, 1).view(k * self.n, sp)
         g4 = 4 * arch.dec_hidden
         self._z, self._s = enc.new_empty(k, self.n, g4), enc.new_empty(k, self.n, g4)
         self._tc = enc.new_empty(k, self.n, arch.dec_hidden)
@@ -479,12 +482,12 @@ class FastStepper:
         bias = torch.stack([layer.bias[:, 0] for layer in upper]).contiguous() if upper else None
         h, c2 = self.h.contiguous(), self.c2.contiguous()  # (L, K, N, Hd)
         keys_t = mask = enc = comb_ctx_t = comb_h_t = None
-        s = he = 0
+        s = sp = he = 0
         if self.keys_t is not None:
             assert w.comb_ctx_t is not None and w.comb_h_t is not None
             keys_t, mask, enc = self.keys_t, self.bias.contiguous(), self.enc.contiguous()
             comb_ctx_t, comb_h_t = w.comb_ctx_t.contiguous(), w.comb_h_t.contiguous()
-            s, he = enc.shape[1], enc.shape[2]
+            s, sp, he = enc.shape[1], keys_t.shape[2], enc.shape[2]
         tg = 0
         glen = gold_in = gold_out = ce = hit = None
         if gold is not None:
@@ -495,7 +498,7 @@ class FastStepper:
             hit = torch.zeros(k, n, tg, dtype=torch.bool)
         steps32 = steps.to(torch.int32).contiguous()
         failed = kern.decode(
-            k, n, len(layers), hd, he, s, v, vp, a.tgt_vocab, tokens.shape[2], tg, BOS,
+            k, n, len(layers), hd, he, s, sp, v, vp, a.tgt_vocab, tokens.shape[2], tg, BOS,
             ptr(steps32), ptr_or_none(glen), ptr_or_none(gold_in), ptr_or_none(gold_out),
             ptr(w.tgt_table), ptr_or_none(w_ih_t), ptr_or_none(bias), ptr(w_hh_t), ptr(h),
             ptr(c2), ptr_or_none(keys_t), ptr_or_none(mask), ptr_or_none(enc),

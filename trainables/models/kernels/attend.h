@@ -1,4 +1,4 @@
-/* The attention of one query (see attention.c), shared by attend_one and the greedy decoder
+/* The attention of one query (see attention.c), shared by attend_one and the decoder
  * (decode.c). */
 #ifndef FINELINE_ATTEND_H
 #define FINELINE_ATTEND_H
@@ -8,29 +8,36 @@
 
 #define CTX_V 2 /* vectors of context accumulated in registers at a time */
 
-/* One row: keys_t (D, S) (the row's keys transposed), q (D), bias (S; -inf where masked),
- * enc (S, E) -> ctx (E); p: S floats of scratch. The scores accumulate over d in order,
- * vectorised over s; masked positions get exactly 0. */
-static inline void attend_row(int S, int D, int E, const float *restrict kr,
+/* One row: keys_t (D, Sp) (the row's keys transposed, Sp >= S positions per key row), q (D),
+ * bias (Sp; -inf where masked), enc (S, E) -> ctx (E); sc: Sp floats of scratch. Positions
+ * S .. Sp - 1 (padding, e.g. to whole 16-lane vectors, which is what makes the scores one
+ * vector op per d) are ignored. The scores accumulate over d in order; masked positions get
+ * exactly 0; the softmax sum and the context run over s in order. */
+static inline void attend_row(int S, int Sp, int D, int E, const float *restrict kr,
                               const float *restrict qr, const float *restrict br,
                               const float *restrict er, float *restrict out,
                               float *restrict sc) {
-    for (int s = 0; s < S; s++) sc[s] = 0.0f;
-    for (int d = 0; d < D; d++) {
-        float qd = qr[d];
-        const float *restrict kd = kr + (long)d * S;
-        for (int s = 0; s < S; s++) sc[s] += kd[s] * qd;
+    int s0 = 0;
+    for (; s0 < S && s0 + 16 <= Sp; s0 += 16) { /* 16 positions at a time */
+        vf16 acc = vsplat(0.0f);
+        for (int d = 0; d < D; d++) acc = acc + vload(kr + (long)d * Sp + s0) * vsplat(qr[d]);
+        vstore(sc + s0, acc + vload(br + s0));
+    }
+    for (int s = s0; s < S; s++) {
+        float acc = 0.0f;
+        for (int d = 0; d < D; d++) acc = acc + kr[(long)d * Sp + s] * qr[d];
+        sc[s] = acc + br[s];
     }
     float best = -INFINITY;
-    for (int s = 0; s < S; s++) {
-        sc[s] += br[s];
-        best = sc[s] > best ? sc[s] : best;
+    for (int s = 0; s < S; s++) best = sc[s] > best ? sc[s] : best;
+    s0 = 0;
+    for (; s0 < S && s0 + 16 <= Sp; s0 += 16) {
+        vf16 x = vload(sc + s0);
+        vstore(sc + s0, vselect(x == -INFINITY, vsplat(0.0f), exp_v(x - best)));
     }
+    for (int s = s0; s < S; s++) sc[s] = sc[s] == -INFINITY ? 0.0f : exp_f(sc[s] - best);
     float sum = 0.0f;
-    for (int s = 0; s < S; s++) {
-        sc[s] = sc[s] == -INFINITY ? 0.0f : exp_f(sc[s] - best);
-        sum += sc[s];
-    }
+    for (int s = 0; s < S; s++) sum += sc[s];
     float inv = 1.0f / sum;
     int e0 = 0;
     for (; e0 + 16 * CTX_V <= E; e0 += 16 * CTX_V) { /* the context in registers */

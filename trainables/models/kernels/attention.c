@@ -10,12 +10,12 @@
  */
 #include "attend.h"
 
-/* keys_t (R, D, S) (each row's keys transposed), q (R, D), bias (R, S), enc (R, S, E) -> ctx
- * (R, E); all contiguous. */
-void attend_one(int R, int S, int D, int E, const float *keys_t, const float *q,
+/* keys_t (R, D, Sp) (each row's keys transposed; Sp >= S, positions past S ignored), q (R, D),
+ * bias (R, Sp), enc (R, S, E) -> ctx (R, E); all contiguous. */
+void attend_one(int R, int S, int Sp, int D, int E, const float *keys_t, const float *q,
                 const float *bias, const float *enc, float *ctx) {
-    float p[S];
+    float p[Sp];
     for (int r = 0; r < R; r++)
-        attend_row(S, D, E, keys_t + (long)r * D * S, q + (long)r * D, bias + (long)r * S,
+        attend_row(S, Sp, D, E, keys_t + (long)r * D * Sp, q + (long)r * D, bias + (long)r * Sp,
                    enc + (long)r * S * E, ctx + (long)r * E, p);
 }

@@ -42,7 +42,7 @@
 
 /* The evaluation weights of K members (see decode_batch). */
 typedef struct {
-    int K, N, L, Hd, He, S, V, Vp, Vt;
+    int K, N, L, Hd, He, S, Sp, V, Vp, Vt;
     const float *table, *w_ih_t, *bias, *w_hh_t, *keys_t, *mask, *enc, *comb_ctx_t, *comb_h_t,
         *out_t, *out_b;
 } Net;
@@ -88,11 +88,11 @@ static void step_rows(const Net *w, const Scratch *s, int k, int n, Rows *set) {
     }
     const float *x = below; /* (n, Hd): what the output layer reads */
     if (w->keys_t) {
-        int S = w->S, He = w->He;
+        int S = w->S, Sp = w->Sp, He = w->He;
         for (int r = 0; r < n; r++) {
             long row = set->row[r];
-            attend_row(S, Hd, He, w->keys_t + row * Hd * S, below + r * Hd, w->mask + row * S,
-                       w->enc + row * S * He, s->ctx + (long)r * He, s->p);
+            attend_row(S, Sp, Hd, He, w->keys_t + row * Hd * Sp, below + r * Hd,
+                       w->mask + row * Sp, w->enc + row * S * He, s->ctx + (long)r * He, s->p);
         }
         mm_block(n, Hd, 0, He, s->ctx, w->comb_ctx_t + (long)k * He * Hd, Hd, below,
                  w->comb_h_t + (long)k * Hd * Hd, s->u);
@@ -211,22 +211,23 @@ static void forced_rows(const Net *w, const Scratch *s, int k, int b0, int n, Ro
  * table (K, Vt, 4Hd): layer 0's input projection of each token, biases included.
  * w_ih_t (L - 1, K, Hd, 4Hd), bias (L - 1, K, 4Hd): layers 1 .. L - 1 (unused if L == 1).
  * w_hh_t (L, K, Hd, 4Hd). h0, c20 (L, K, N, Hd): initial states and doubled cells.
- * keys_t (K, N, Hd, S), mask (K, N, S; -inf where masked), enc (K, N, S, He), comb_ctx_t
+ * keys_t (K, N, Hd, Sp), mask (K, N, Sp; -inf where masked), enc (K, N, S, He) (Sp >= S:
+ *   attend.h), comb_ctx_t
  *   (K, He, Hd), comb_h_t (K, Hd, Hd): attention and the combine layer; keys_t NULL: none
  *   (the top state goes to the output layer).
  * out_t (K, Hd, Vp), out_b (K, Vp). Returns 0, or 1 if out of memory. */
-int decode_batch(int K, int N, int L, int Hd, int He, int S, int V, int Vp, int Vt, int T,
+int decode_batch(int K, int N, int L, int Hd, int He, int S, int Sp, int V, int Vp, int Vt, int T,
                  int Tg, int64_t bos, const int *steps, const int *glen, const int64_t *gold_in,
                  const int64_t *gold_out, const float *table, const float *w_ih_t,
                  const float *bias, const float *w_hh_t, const float *h0, const float *c20,
                  const float *keys_t, const float *mask, const float *enc,
                  const float *comb_ctx_t, const float *comb_h_t, const float *out_t,
                  const float *out_b, float *ce, uint8_t *hit, int64_t *tokens) {
-    Net w = {K, N, L, Hd, He, S, V, Vp, Vt, table, w_ih_t, bias, w_hh_t, keys_t, mask, enc,
+    Net w = {K, N, L, Hd, He, S, Sp, V, Vp, Vt, table, w_ih_t, bias, w_hh_t, keys_t, mask, enc,
              comb_ctx_t, comb_h_t, out_t, out_b};
     long state = (long)L * RB * Hd, queued = (long)L * N * Hd;
     Scratch s = {malloc(RB * 4L * Hd * sizeof(float)), malloc(RB * (long)Hd * sizeof(float)),
-                 malloc((RB * (long)He + 1) * sizeof(float)), malloc((S + 1) * sizeof(float)),
+                 malloc((RB * (long)He + 1) * sizeof(float)), malloc((Sp + 1) * sizeof(float)),
                  malloc(RB * (long)Vp * sizeof(float))};
     Rows set = {malloc(state * sizeof(float)), malloc(state * sizeof(float))};
     Rows slots = {malloc(state * sizeof(float)), malloc(state * sizeof(float))};
