@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from trainables.models import ckernels, seq2seq_logits
-from trainables.models.seq2seq_fast import attend_one
 from trainables.models.seq2seq_logits import cross_entropy, linear_cross_entropy
+from trainables.models.seq2seq_stepper import attend_one
 
 IGNORE = -100
 

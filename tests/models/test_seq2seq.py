@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from trainables.errors import ConfigError
-from trainables.models import ckernels, seq2seq_cells, seq2seq_fast, seq2seq_logits
+from trainables.models import ckernels, seq2seq_cells, seq2seq_fast, seq2seq_logits, seq2seq_weights
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import REDUCTIONS, Seq2Seq, Seq2SeqConfig
 from trainables.models.seq2seq_decode import beam_decode, greedy_decode
@@ -477,7 +477,7 @@ def test_evaluation_in_one_pass_equals_teacher_forcing_and_greedy_apart(variant:
         values, preds = m.evaluate_batch(batch)
         engine = m.engine
         assert isinstance(engine, seq2seq_fast.FastEngine)
-        w = seq2seq_fast._weights(m.arch, params, evaluation=True)
+        w = seq2seq_weights.build_weights(m.arch, params, evaluation=True)
         ce, hit = engine._token_outputs(w, batch, None, True, engine.encode(w, batch, None))
         apart = m._metrics(ce, hit, batch)  # the torch ops' teacher forcing
         steps = torch.from_numpy(batch.decode_steps)
