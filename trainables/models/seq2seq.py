@@ -296,8 +296,8 @@ class Seq2Seq(Model):
         """K :class:`TokenRows` of B int64 rows: greedy (or beam) decoding for each example's
         decode_len."""
         width = self.cfg.beam_width
-        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
-        return self._rows(decode(self.engine.start_decode(self._params(), batch, width), steps, width), batch)
+        stepper = self.engine.start_decode(self._params(), batch, width)
+        return self._rows(decode(stepper, batch.steps(), width), batch)
 
     @torch.no_grad()
     def evaluate_batch(self, batch: Any) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:

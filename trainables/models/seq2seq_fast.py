@@ -142,13 +142,13 @@ class FastEngine(Engine):
         w = build_weights(self.arch, params, evaluation=True)
         encoded = self.encode(w, batch, None)
         stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, width)
-        steps = torch.from_numpy(batch.decode_steps)
+        steps = batch.steps()
         if stepper.in_c():
             tokens, ce, hit = stepper.decode_in_c(steps, batch)
             assert ce is not None
             return ce, hit if hits else None, tokens
         ce, hit = self._token_outputs(w, batch, None, hits, encoded)
-        return ce, hit, decode(stepper, steps.to(batch.src.device), width)
+        return ce, hit, decode(stepper, steps, width)
 
     def _token_outputs(
         self,

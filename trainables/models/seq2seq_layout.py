@@ -162,6 +162,10 @@ class Seq2SeqBatch:
     tgt_active: tuple[int, ...] = ()
     """The same per decoder step t for the decoder positions (target length + 1)."""
 
+    def steps(self) -> torch.Tensor:
+        """:attr:`decode_steps` as a (K, B) int64 tensor on the batch's device."""
+        return torch.from_numpy(self.decode_steps).to(self.src.device)
+
 
 def seq_pairs(data: SplitData) -> SeqPairs:
     """``data`` as :class:`SeqPairs`, the only data a seq2seq model takes."""
@@ -362,5 +366,4 @@ class Engine(ABC):
         greedy decoding or beam search of ``width``; an implementation may share work
         between them."""
         ce, hit = self.token_outputs(params, batch, None, hits)
-        steps = torch.from_numpy(batch.decode_steps).to(batch.src.device)
-        return ce, hit, decode(self.start_decode(params, batch, width), steps, width)
+        return ce, hit, decode(self.start_decode(params, batch, width), batch.steps(), width)

@@ -1,6 +1,6 @@
 /* Evaluation of the bundled seq2seq decoder on a CPU (float32): the teacher-forced losses and
  * greedy decoding of a whole batch in one call, instead of a dozen torch ops per step from
- * Python (seq2seq_fast.FastStepper).
+ * Python (seq2seq_stepper.FastStepper).
  *
  * A step of a set of rows (step_rows): layer 0's input projection is looked up by the
  * previous token, then per layer the recurrent matmul (mm.h) and the cell (cell.h, the
@@ -8,7 +8,7 @@
  * (attend.h), the combine layer (doubled weights, tanh as 2 sigmoid(2x) - 1) and the output
  * layer. Rows go RB at a time through every step, so their states, gates, context and logits
  * stay in cache while a member's weights (about 60 KB for the paper's model) are read from
- * L1/L2 for each pair of rows. A row's result depends only on that row (its place in a set,
+ * L1/L2 for each tile of rows. A row's result depends only on that row (its place in a set,
  * or its member's place in the bundle, changes no bit).
  *
  * Two passes per member share their work:
@@ -168,19 +168,22 @@ static void forced_rows(const Net *w, const Scratch *s, int k, int b0, int n, Ro
                         Queue *q, const float *h0, const float *c20, const int *steps,
                         const int *glen, const int64_t *gold_in, const int64_t *gold_out, int Tg,
                         float *ce, uint8_t *hit, int T, int64_t *tokens, int64_t bos) {
-    long row0 = (long)k * w->N + b0, per_layer = (long)w->K;
+    long row0 = (long)k * w->N + b0, all = (long)w->K * w->N; /* h0's rows per layer */
     int greedy[RB], t_end = 0;
     for (int r = 0; r < n; r++) {
         long row = row0 + r;
         set->row[r] = row;
-        copy_state(w->L, w->Hd, h0, c20, per_layer * w->N, row, set->h, set->c2, RB, r);
+        copy_state(w->L, w->Hd, h0, c20, all, row, set->h, set->c2, RB, r);
         int g = glen ? glen[row] : 0;
         greedy[r] = g > 0 && steps[row] > 0; /* its greedy tokens still follow the gold */
-        if (g == 0 && steps[row] > 0) enqueue(w, q, h0, c20, per_layer * w->N, row, row, 0, bos);
+        if (g == 0 && steps[row] > 0) enqueue(w, q, h0, c20, all, row, row, 0, bos);
         t_end = g > t_end ? g : t_end;
     }
     for (int t = 0; t < t_end; t++) {
-        for (int r = 0; r < n; r++) set->prev[r] = t < glen[set->row[r]] ? gold_in[set->row[r] * Tg + t] : 0;
+        for (int r = 0; r < n; r++) {
+            long row = set->row[r];
+            set->prev[r] = t < glen[row] ? gold_in[row * Tg + t] : 0;
+        }
         step_rows(w, s, k, n, set);
         for (int r = 0; r < n; r++) {
             long row = set->row[r];
@@ -212,9 +215,8 @@ static void forced_rows(const Net *w, const Scratch *s, int k, int b0, int n, Ro
  * w_ih_t (L - 1, K, Hd, 4Hd), bias (L - 1, K, 4Hd): layers 1 .. L - 1 (unused if L == 1).
  * w_hh_t (L, K, Hd, 4Hd). h0, c20 (L, K, N, Hd): initial states and doubled cells.
  * keys_t (K, N, Hd, Sp), mask (K, N, Sp; -inf where masked), enc (K, N, S, He) (Sp >= S:
- *   attend.h), comb_ctx_t
- *   (K, He, Hd), comb_h_t (K, Hd, Hd): attention and the combine layer; keys_t NULL: none
- *   (the top state goes to the output layer).
+ *   attend.h), comb_ctx_t (K, He, Hd), comb_h_t (K, Hd, Hd): attention and the combine
+ *   layer; keys_t NULL: none (the top state goes to the output layer).
  * out_t (K, Hd, Vp), out_b (K, Vp). Returns 0, or 1 if out of memory. */
 int decode_batch(int K, int N, int L, int Hd, int He, int S, int Sp, int V, int Vp, int Vt, int T,
                  int Tg, int64_t bos, const int *steps, const int *glen, const int64_t *gold_in,

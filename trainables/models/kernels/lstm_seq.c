@@ -49,7 +49,8 @@ static inline __attribute__((always_inline)) void back_rows(int R, int G, int H,
     for (; j0 + 16 * BT <= H; j0 += 16 * BT) back_tile(R, BT, G, H, b, j0, dg, w, dh);
     for (; j0 + 16 <= H; j0 += 16) back_tile(R, 1, G, H, b, j0, dg, w, dh);
     for (int r = 0; r < R; r++)
-        if (j0 < H) mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
+        if (j0 < H)
+            mm_tail(H, j0, 0, 0, 0, 0, G, dg + (long)(b + r) * G, w, dh + (long)(b + r) * H);
 }
 
 /* dh[b][j] = sum_g dg[b][g] w[g][j] (g in order) for rows b < n; w (G, H) row-major. Rows
