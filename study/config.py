@@ -73,6 +73,10 @@ class ExecutionConfig(FrozenConfig):
     """torch threads per trial (one is fastest per core for these small models)."""
     max_failures: int = Field(2, ge=0)
     """Retries of a failed trial (from its last checkpoint)."""
+    report_every_s: float = Field(2.0, gt=0)
+    """Seconds of training between a trial's Tune results, each followed by a checkpoint, so
+    a killed trial loses at most about this much work. Each result costs some milliseconds,
+    so much smaller values slow tiny models; a result always holds at least one round."""
 
 
 @dataclass(frozen=True)

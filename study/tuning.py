@@ -94,6 +94,7 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "seeds": [s.as_dict() for s in seedsets(candidate_point(point, block))],
         "device": resolve_device(cfg),
         "threads": cfg.execution.threads,
+        "report_every_s": cfg.execution.report_every_s,
         "config_hash": cfg.identity_hash,
         "git_sha": manifest_mod.git_sha(),
         "versions_json": json.dumps(manifest_mod.versions()),

@@ -2,8 +2,8 @@
 
 One Tune trial = one *unit*: a resolved config (``trial_id``) x a bundle of seeds. Each
 ``step()`` trains rounds of the :class:`~trainables.loop.BundleRun` for about
-``round_budget_s`` seconds (so tiny step-based tasks don't pay Tune's per-result cost
-every optimizer step) and returns a small progress dict. When the bundle is done it
+``execution.report_every_s`` seconds (so tiny step-based tasks don't pay Tune's per-result
+cost every optimizer step) and returns a small progress dict. When the bundle is done it
 evaluates every member at its selected epoch and commits each seed's rows to Parquet
 (``trainables.results``): metrics, evals, predictions, then the runs row last.
 
@@ -46,8 +46,6 @@ def resolve_device(name: str) -> torch.device:
 class FinelineTrainable(tune.Trainable):
     """Trains one unit (a config x a bundle of seeds) and commits its rows."""
 
-    round_budget_s = 2.0
-
     def setup(self, config: dict[str, Any], payloads: list[dict[str, Any]] | None = None) -> None:
         # A study's unit payloads travel once through the object store (tune.with_parameters);
         # each trial's config only carries its index, so planning stays linear in the trials.
@@ -67,6 +65,7 @@ class FinelineTrainable(tune.Trainable):
             self.unit = config["unit"]
         self.objective = self.unit.get("objective")
         configure_worker(int(self.unit.get("threads", 1)))
+        self.round_budget_s = float(self.unit.get("report_every_s", 2.0))
         self.spec = RunSpec.from_dict(self.unit["spec"])
         seeds = [SeedSet(**s) for s in self.unit["seeds"]]
         task, data = self._data(seeds[0].data_seed)

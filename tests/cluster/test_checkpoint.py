@@ -40,8 +40,8 @@ def trainables(torch_threads: None) -> Iterator[list[Any]]:
 def make(made: list[Any], unit: dict[str, Any]) -> Any:
     from trainables.trainable import FinelineTrainable
 
-    t = FinelineTrainable(config={"unit": unit})
-    t.round_budget_s = 0.01  # one epoch per step, so two trainables can be compared step by step
+    # one epoch per step, so two trainables can be compared step by step
+    t = FinelineTrainable(config={"unit": {**unit, "report_every_s": 0.001}})
     made.append(t)
     return t
 

@@ -112,7 +112,11 @@ def send(procs: Iterable[Proc], sig: signal.Signals) -> None:
 
 
 def wait_for(
-    check: Callable[[], bool], what: str, timeout: float, proc: subprocess.Popen | None = None
+    check: Callable[[], bool],
+    what: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    poll: float = 0.1,
 ) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -120,7 +124,7 @@ def wait_for(
             raise AssertionError(f"process ended (rc {proc.returncode}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(poll)
 
 
 def free_port() -> int:
@@ -439,10 +443,21 @@ def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
         cluster, out.parent / f"{name}.log", *run_args(out, name, 2, cluster.address)
     )
     try:
-        wait_for(lambda: bool(checkpoints(out, name)), "the trial's first checkpoint", 180, driver)
-        time.sleep(0.3)  # let the driver register the checkpoint it was just told about
-        actors = [a for node in cluster.nodes() for a in node.actors()]
+        def trial_actors() -> list[Proc]:
+            return [a for node in cluster.nodes() for a in node.actors()]
+
+        wait_for(lambda: bool(trial_actors()), "the trial process", 180, driver)
+        actors = trial_actors()
         assert len(actors) == 1, f"expected one trial process, found {len(actors)}"
+        # A trial takes a few seconds, so freeze it the moment its second checkpoint shows:
+        # by then the first one's save has returned to the driver, which resumes from it
+        # (or from the second, if that one reached the driver before the freeze).
+        wait_for(
+            lambda: any(not c.name.endswith("_000000") for c in checkpoints(out, name)),
+            "the trial's second checkpoint", 180, driver, poll=0.005,
+        )  # fmt: skip
+        send(actors, signal.SIGSTOP)
+        time.sleep(0.5)  # let the driver register the checkpoint it was just told about
         assert not stems(out, "runs", name), "the trial finished before it could be killed"
         send(actors, signal.SIGKILL)
         assert driver.wait(timeout=300) == 0
