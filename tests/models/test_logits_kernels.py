@@ -1,6 +1,6 @@
 """The compiled output-layer and attention kernels (trainables/models/kernels/logits.c,
-attention.c) against torch's ops: cross-entropy and its gradient, the chunked output layer,
-hits, decoding attention, and a row's bits alone or inside a block (what bundle = lone run
+output.c, attention.c) against torch's ops: cross-entropy and its gradient, the training
+output layer, hits, decoding attention, and a row's bits alone or inside a block (what bundle = lone run
 needs)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables.models import ckernels, seq2seq_logits
+from trainables.models import ckernels
 from trainables.models.seq2seq_logits import cross_entropy, linear_cross_entropy
 from trainables.models.seq2seq_stepper import attend_one
 
@@ -83,65 +83,70 @@ def test_a_rows_loss_and_gradient_do_not_depend_on_its_block() -> None:
     assert torch.equal(ce_all[5:6], ce_one) and torch.equal(g_all[5:6], g_one)
 
 
-def output_layer_case(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def output_layer_case(k: int, n: int, seed: int = 0, v: int = 243) -> tuple[torch.Tensor, ...]:
+    """u (K, N, 32), w (K, 32, V), b (K, 1, V), target (K, N) with ignored rows, and the
+    upstream gradient (K, N)."""
     gen = torch.Generator().manual_seed(seed)
-    u, w = torch.randn(k, n, 33, generator=gen), torch.randn(k, 33, 243, generator=gen) * 0.3
-    target = torch.randint(0, 243, (k, n), generator=gen)
+    u, w = torch.randn(k, n, 32, generator=gen), torch.randn(k, 32, v, generator=gen) * 0.3
+    b = torch.randn(k, 1, v, generator=gen)
+    target = torch.randint(0, v, (k, n), generator=gen)
     target[:, ::7] = IGNORE
-    return u, w, target, torch.randn(k, n, generator=gen)
+    return u, w, b, target, torch.randn(k, n, generator=gen)
 
 
 def output_layer_grads(
-    u: torch.Tensor, w: torch.Tensor, target: torch.Tensor, up: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ua, wa = u.clone().requires_grad_(), w.clone().requires_grad_()
-    ce, _ = linear_cross_entropy(ua, wa, target, IGNORE)
+    u: torch.Tensor, w: torch.Tensor, b: torch.Tensor, target: torch.Tensor, up: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """ce and the gradients of sum(ce * up) with respect to u, w and b."""
+    ua, wa, ba = (x.clone().requires_grad_() for x in (u, w, b))
+    ce, _ = linear_cross_entropy(ua, wa, ba, target, IGNORE)
     (ce * up).sum().backward()
-    assert ua.grad is not None and wa.grad is not None
-    return ce.detach(), ua.grad, wa.grad
+    assert ua.grad is not None and wa.grad is not None and ba.grad is not None
+    return ce.detach(), ua.grad, wa.grad, ba.grad
 
 
-def test_chunked_output_layer_equals_one_pass_of_torchs_ops(kernels: str) -> None:
-    """300 tokens per member: with the C kernels three training chunks of 128, the last one
-    partial (without them, one pass of torch's ops)."""
-    u, w, target, up = output_layer_case(2, 300)
-    ce, du, dw = output_layer_grads(u, w, target, up)
-    ub, wb = u.clone().requires_grad_(), w.clone().requires_grad_()
-    logits = torch.bmm(ub, wb)
-    want = F.cross_entropy(logits.view(600, 243), target.view(-1), ignore_index=IGNORE, reduction="none")
+@pytest.mark.parametrize("v", [243, 16, 37])
+def test_output_layer_and_its_gradients_equal_torchs_ops(v: int, kernels: str) -> None:
+    """300 tokens per member (with the C kernels: blocks of 16 rows forward and 32 backward,
+    the last ones partial; the vocabulary a whole number of vectors or not)."""
+    u, w, b, target, up = output_layer_case(2, 300, v=v)
+    got = output_layer_grads(u, w, b, target, up)
+    ub, wb, bb = (x.clone().requires_grad_() for x in (u, w, b))
+    logits = torch.baddbmm(bb, ub, wb)
+    want = F.cross_entropy(logits.view(600, v), target.view(-1), ignore_index=IGNORE, reduction="none")
     (want.view(2, 300) * up).sum().backward()
-    assert ub.grad is not None and wb.grad is not None
+    assert ub.grad is not None and wb.grad is not None and bb.grad is not None
+    ce, du, dw, db = got
     assert rel(ce, want.view(2, 300).detach()) < 1e-6
-    assert rel(du, ub.grad) < 1e-6 and rel(dw, wb.grad) < 1e-5
-    assert torch.count_nonzero(ce[:, ::7]) == 0
+    assert rel(du, ub.grad) < 1e-6 and rel(dw, wb.grad) < 1e-5 and rel(db, bb.grad) < 1e-5
+    assert torch.count_nonzero(ce[:, ::7]) == 0 and torch.count_nonzero(du[:, ::7]) == 0
     assert rel(dw, wb.grad * 1.0001) > 5e-5  # the comparison can fail
     with torch.no_grad():  # evaluation: chunks sized by EVAL_CHUNK_FLOATS, with hits
-        ce_eval, hit = linear_cross_entropy(u, w, target, IGNORE, hits=True)
+        ce_eval, hit = linear_cross_entropy(u, w, b, target, IGNORE, hits=True)
     assert rel(ce_eval, ce) < 1e-6
     assert hit is not None and torch.equal(hit, (logits.argmax(-1) == target) & (target != IGNORE))
 
 
 def test_a_members_output_layer_does_not_depend_on_the_bundles_padding() -> None:
     """Alone (200 tokens) or as member 0 beside one with 300 (its tail padded with ignored
-    targets, so the chunks run past its end): the same loss and gradients, bit for bit."""
+    targets, so the blocks run past its end): the same loss and gradients, bit for bit."""
     if ckernels.cpu_kernels() is None:
         pytest.skip("no working C compiler")
-    assert seq2seq_logits.TRAIN_CHUNK_ROWS < 200
-    u, w, target, up = output_layer_case(2, 300, seed=5)
+    u, w, b, target, up = output_layer_case(2, 300, seed=5)
     target[0, 200:] = IGNORE
-    ce, du, dw = output_layer_grads(u, w, target, up)
-    ce1, du1, dw1 = output_layer_grads(u[:1, :200], w[:1], target[:1, :200], up[:1, :200])
-    assert torch.equal(ce[:1, :200], ce1) and torch.equal(du[:1, :200], du1)
-    assert torch.equal(dw[:1], dw1)
+    ce, du, dw, db = output_layer_grads(u, w, b, target, up)
+    one = output_layer_grads(u[:1, :200], w[:1], b[:1], target[:1, :200], up[:1, :200])
+    assert torch.equal(ce[:1, :200], one[0]) and torch.equal(du[:1, :200], one[1])
+    assert torch.equal(dw[:1], one[2]) and torch.equal(db[:1], one[3])
 
 
-def test_the_chunked_output_layer_refuses_a_second_backward() -> None:
+def test_the_output_layer_refuses_a_second_backward() -> None:
     """Its backward overwrites the saved softmax with the gradient: a second pass over the
     same graph must fail loudly, not return garbage."""
     if ckernels.cpu_kernels() is None:
         pytest.skip("no working C compiler")
-    u, w, target, _ = output_layer_case(1, 20)
-    ce, _ = linear_cross_entropy(u.requires_grad_(), w, target, IGNORE)
+    u, w, b, target, _ = output_layer_case(1, 20)
+    ce, _ = linear_cross_entropy(u.requires_grad_(), w, b, target, IGNORE)
     ce.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="retain_graph"):
         ce.sum().backward()

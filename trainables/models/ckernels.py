@@ -3,7 +3,8 @@
 :file:`kernels/lstm_seq.c` holds a training LSTM layer over all its time steps (forward
 and backward, the input projection and the recurrent matmul included),
 :file:`kernels/lstm_cell.c` one evaluation time step, :file:`kernels/logits.c` row-wise
-cross-entropy and argmax of the output layer's logits, :file:`kernels/attention.c` one
+cross-entropy and argmax of the output layer's logits, :file:`kernels/output.c` the
+training output layer (logits, loss and gradients), :file:`kernels/attention.c` one
 decoding step's attention and :file:`kernels/decode.c` the teacher-forced losses and greedy
 decoding of a whole batch,
 as plain C loops (see their headers; the ``.h`` files hold what several share). They are
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = ("lstm_cell.c", "lstm_seq.c", "logits.c", "attention.c", "decode.c")
+SOURCES = ("lstm_cell.c", "lstm_seq.c", "logits.c", "output.c", "attention.c", "decode.c")
 """Compiled together into one library (with the headers beside them)."""
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 SWITCH = "FINELINE_CPU_KERNELS"
@@ -84,6 +85,8 @@ class CpuKernels:
         self.ce = _bind(lib.logits_ce, [_I, _I, _F, _F, _I64, _F, _F])
         self.softmax_ce = _bind(lib.logits_softmax_ce, [_I, _I, _F, _F, _I64, _F, _F, _F])
         self.ce_grad = _bind(lib.logits_ce_grad, [_I, _I, _F, _F, _F, _I64, _F, _F])
+        self.out_fwd = _bind(lib.out_fwd, [_I] * 5 + [_F] * 4 + [_I64] + [_F] * 3, ctypes.c_int)
+        self.out_bwd = _bind(lib.out_bwd, [_I] * 4 + [_F] * 3 + [_I64] + [_F] * 6)
         self.attend_one = _bind(lib.attend_one, [_I] * 5 + [_F] * 5)
         self.decode = _bind(lib.decode_batch, [_I] * 12 + [_I64] + [_F] * 20, ctypes.c_int)
 

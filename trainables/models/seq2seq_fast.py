@@ -195,11 +195,7 @@ class FastEngine(Engine):
         mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
         if mask is not None:
             u = u * scatter_rows(mask, batch.tok_list_pos, (k, n, hd))
-        # the bias as a weight row over a constant-1 feature: its gradient is then a gemm
-        # reduction (trailing token-list padding adds exact zeros) instead of a cascade sum
-        # whose grouping depends on the padded length
-        u1 = torch.cat([u, u.new_ones(k, n, 1)], -1)
-        return linear_cross_entropy(u1, torch.cat([w.out_t, w.out_b], 1), batch.tok_target, IGNORE, hits)
+        return linear_cross_entropy(u, w.out_t, w.out_b, batch.tok_target, IGNORE, hits)
 
     def decoder(
         self,

@@ -24,9 +24,6 @@ import torch.nn.functional as F
 
 from trainables.models.ckernels import ptr, usable
 
-TRAIN_CHUNK_ROWS = 128
-"""Tokens per member in one chunk of the training output layer. Fixed, not derived from K:
-the weight gradient is summed chunk by chunk, so a lone run must cut where a bundle does."""
 EVAL_CHUNK_FLOATS = 1 << 18
 """Logits held at once when computing evaluation losses (1 MiB of float32)."""
 
@@ -57,74 +54,78 @@ class _CrossEntropy(torch.autograd.Function):
         return d, None, None
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """ce (K, N) of logits ``u @ w`` (u (K, N, D), w (K, D, V)) against target (K, N), with
-    the C kernels, :data:`TRAIN_CHUNK_ROWS` tokens per member at a time. The forward keeps
-    each chunk's softmax numerators (as :class:`_CrossEntropy`); the backward turns them
-    into the logits' gradient in place and multiplies it out while it is in cache. The
-    weight gradient is summed over the chunks in order."""
+class _OutputLayer(torch.autograd.Function):
+    """ce (K, N) of the logits ``u @ w + b`` (u (K, N, D), w (K, D, V), b (K, 1, V)) against
+    target (K, N), with the C kernels (``kernels/output.c``): the forward makes a block of
+    tokens' logits and their loss while they are in cache and keeps the softmax numerators;
+    the backward turns them into the logits' gradient in place and multiplies it out into
+    du, dw and db, block by block. A member's gradients are summed over its own tokens in
+    order, so they do not depend on the bundle."""
 
     @staticmethod
-    def forward(ctx: Any, u: torch.Tensor, w: torch.Tensor, target: torch.Tensor, ignore: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, u: torch.Tensor, w: torch.Tensor, b: torch.Tensor, target: torch.Tensor, ignore: int) -> torch.Tensor:  # type: ignore[override]
         kern = usable(u)
         assert kern is not None
-        k, n, _ = u.shape
+        k, n, d = u.shape
         v = w.shape[2]
-        ce, inv = u.new_empty(k, n), u.new_empty(k, n)
-        kept = []
-        for n0 in range(0, n, TRAIN_CHUNK_ROWS):
-            c = min(TRAIN_CHUNK_ROWS, n - n0)
-            logits = torch.bmm(u[:, n0 : n0 + c], w)  # (K, C, V)
-            t = target[:, n0 : n0 + c].contiguous()
-            e, ce_c, inv_c = torch.empty_like(logits), u.new_empty(k, c), u.new_empty(k, c)
-            kern.softmax_ce(k * c, v, ptr(logits), ptr(t), ignore, ptr(ce_c), ptr(e), ptr(inv_c))
-            ce[:, n0 : n0 + c] = ce_c
-            inv[:, n0 : n0 + c] = inv_c
-            kept.append(e)
-        ctx.kern, ctx.ignore, ctx.kept = kern, ignore, kept
+        vp = -(-v // 16) * 16  # whole vectors of columns; the padding's logits are not read
+        u = u.contiguous()
+        w_pad, b_pad = u.new_zeros(k, d, vp), u.new_zeros(k, vp)
+        w_pad[:, :, :v] = w
+        b_pad[:, :v] = b.view(k, v)
+        ce, e, inv = u.new_empty(k, n), u.new_empty(k, n, v), u.new_empty(k, n)
+        if kern.out_fwd(k, n, d, v, vp, ptr(u), ptr(w_pad), ptr(b_pad), ptr(target), ignore,
+                        ptr(ce), ptr(e), ptr(inv)):  # fmt: skip
+            raise MemoryError(f"the output layer's kernel could not allocate {vp} x 16 floats")
+        ctx.kern, ctx.ignore, ctx.e = kern, ignore, e
         ctx.save_for_backward(u, w, target, inv)
         return ce
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
         u, w, target, inv = ctx.saved_tensors
-        kept, ctx.kept = ctx.kept, None
-        if kept is None:
+        e, ctx.e = ctx.e, None
+        if e is None:
             raise RuntimeError(
-                "linear_cross_entropy's backward ran twice: it turns its saved softmax into "
+                "the output layer's backward ran twice: it turns its saved softmax into "
                 "the gradient in place. Fix: compute the loss again instead of retain_graph"
             )
-        k, n, _ = u.shape
+        k, n, d = u.shape
         v = w.shape[2]
-        du, dw = torch.empty_like(u), torch.zeros_like(w)
-        w_t = w.transpose(1, 2)  # (K, V, D)
-        for i, n0 in enumerate(range(0, n, TRAIN_CHUNK_ROWS)):
-            d = kept[i]  # (K, C, V): the softmax numerators, overwritten by the gradient
-            c = d.shape[1]
-            t, g, inv_c = (x[:, n0 : n0 + c].contiguous() for x in (target, grad, inv))
-            ctx.kern.ce_grad(k * c, v, ptr(d), ptr(inv_c), ptr(t), ctx.ignore, ptr(g), ptr(d))
-            du[:, n0 : n0 + c] = torch.bmm(d, w_t)
-            dw.baddbmm_(u[:, n0 : n0 + c].transpose(1, 2), d)
-        return du, dw, None, None
+        g = grad.contiguous()
+        w_t = w.transpose(1, 2).contiguous()  # (K, V, D): the parameter's own layout
+        du, dw_t, db = torch.empty_like(u), u.new_zeros(k, v, d), u.new_zeros(k, 1, v)
+        ctx.kern.out_bwd(k, n, d, v, ptr(u), ptr(w_t), ptr(target), ctx.ignore, ptr(g), ptr(e),
+                         ptr(inv), ptr(du), ptr(dw_t), ptr(db))  # fmt: skip
+        return du, dw_t.transpose(1, 2), db, None, None
 
 
 def linear_cross_entropy(
-    u: torch.Tensor, w: torch.Tensor, target: torch.Tensor, ignore: int, hits: bool = False
+    u: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    target: torch.Tensor,
+    ignore: int,
+    hits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cross-entropy (K, N) of the logits ``u @ w`` (u (K, N, D), w (K, D, V)) against
-    target (K, N) (0 where ``ignore``), differentiable; with ``hits`` also whether target is
-    the argmax (K, N) bool.
+    """Cross-entropy (K, N) of the logits ``u @ w + b`` (u (K, N, D), w (K, D, V), b (K, 1,
+    V)) against target (K, N) (0 where ``ignore``), differentiable; with ``hits`` also
+    whether target is the argmax (K, N) bool.
 
-    The logits are made a chunk of tokens at a time and never held whole: in training
-    :data:`TRAIN_CHUNK_ROWS` per member (with the C kernels), without autograd about
-    :data:`EVAL_CHUNK_FLOATS` of them (evaluation: tens of thousands of tokens at once;
+    In training with the C kernels, one call each way (:class:`_OutputLayer`). Otherwise
+    the bias is a weight row over a constant-1 feature (its gradient is then a gemm
+    reduction, which trailing token-list padding does not change, instead of a sum whose
+    grouping depends on the padded length), and without autograd the logits are made about
+    :data:`EVAL_CHUNK_FLOATS` at a time (evaluation: tens of thousands of tokens at once;
     2.4x faster than one pass).
     """
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (u, w, b))
+    if grad and not hits and usable(u) is not None:
+        return _OutputLayer.apply(u, w, b, target.contiguous(), ignore), None
     k, n, _ = u.shape
     v = w.shape[2]
-    grad = torch.is_grad_enabled() and (u.requires_grad or w.requires_grad)
-    if grad and not hits and usable(u) is not None:
-        return _LinearCrossEntropy.apply(u, w, target.contiguous(), ignore), None
+    u = torch.cat([u, u.new_ones(k, n, 1)], -1)
+    w = torch.cat([w, b], 1)
     step = n if grad else max(1, EVAL_CHUNK_FLOATS // (k * v))
     parts, hit_parts = [], []
     for n0 in range(0, n, step):
