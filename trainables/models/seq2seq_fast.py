@@ -9,8 +9,9 @@ are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
 * attention scores for all decoder steps are one ``bmm`` (no input feeding), with a
   softmax written for short rows;
 * the combine layer, dropout, output projection and cross-entropy run only on the
-  token list (the real target positions), not on padding, in cache-sized chunks of
-  tokens (:func:`linear_cross_entropy`).
+  token list (the real target positions), not on padding; on a CPU the output layer's
+  logits, loss and gradients are one C call each way, a cache-sized block of tokens at a
+  time (:func:`linear_cross_entropy`).
 
 Evaluation (no gradients, no dropout: teacher-forced losses and greedy decoding) has its
 own form of the same weights (:func:`seq2seq_weights.build_weights` with ``evaluation``):
