@@ -442,10 +442,12 @@ def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
     driver = start_study(
         cluster, out.parent / f"{name}.log", *run_args(out, name, 2, cluster.address)
     )
-    try:
-        def trial_actors() -> list[Proc]:
-            return [a for node in cluster.nodes() for a in node.actors()]
 
+    def trial_actors() -> list[Proc]:
+        return [a for node in cluster.nodes() for a in node.actors()]
+
+    actors: list[Proc] = []
+    try:
         wait_for(lambda: bool(trial_actors()), "the trial process", 180, driver)
         actors = trial_actors()
         assert len(actors) == 1, f"expected one trial process, found {len(actors)}"
@@ -462,6 +464,7 @@ def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
         send(actors, signal.SIGKILL)
         assert driver.wait(timeout=300) == 0
     finally:
+        send(actors, signal.SIGKILL)  # never leave a frozen trial in the cluster
         if driver.poll() is None:
             send(family(driver.pid).values(), signal.SIGKILL)
     log = (out.parent / f"{name}.log").read_text()
