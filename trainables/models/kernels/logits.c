@@ -38,20 +38,9 @@ void logits_ce(int M, int V, const float *x, const int64_t *target, int64_t igno
 void logits_softmax_ce(int M, int V, const float *x, const int64_t *target, int64_t ignore,
                        float *ce, float *p, float *inv) {
     for (int r = 0; r < M; r++) {
-        const float *restrict row = x + (long)r * V;
-        float *restrict pr = p + (long)r * V;
         int64_t t = target[r];
-        if (t == ignore) {
-            ce[r] = 0.0f;
-            continue;
-        }
-        float best;
-        int nan;
-        row_argmax(V, row, &best, &nan);
-        float sum = row_exp_sum(V, row, best, pr);
-        if (nan) sum = NAN;
-        inv[r] = 1.0f / sum;
-        ce[r] = logf(sum) + best - row[t];
+        ce[r] = t == ignore ? 0.0f
+                            : row_softmax_ce(V, x + (long)r * V, t, p + (long)r * V, inv + r);
     }
 }
 
@@ -60,15 +49,10 @@ void logits_softmax_ce(int M, int V, const float *x, const int64_t *target, int6
 void logits_ce_grad(int M, int V, const float *p, const float *inv, const int64_t *target,
                     int64_t ignore, const float *g, float *dx) {
     for (int r = 0; r < M; r++) {
-        const float *restrict pr = p + (long)r * V;
-        float *restrict d = dx + (long)r * V;
-        int64_t t = target[r];
-        if (t == ignore) {
+        float *d = dx + (long)r * V;
+        if (target[r] == ignore)
             for (int j = 0; j < V; j++) d[j] = 0.0f;
-            continue;
-        }
-        float gr = g[r], scale = g[r] * inv[r];
-        for (int j = 0; j < V; j++) d[j] = scale * pr[j];
-        d[t] -= gr;
+        else
+            row_ce_grad(V, p + (long)r * V, inv[r], target[r], g[r], d);
     }
 }

@@ -38,4 +38,27 @@ static inline float row_ce(int V, const float *restrict x, int64_t target, int64
     return lse - x[target];
 }
 
+/* Training: the row's cross-entropy against target (as row_ce), its softmax numerators
+ * e = exp(x - max) (V floats) and *inv = 1 / sum(e), so that the gradient (row_ce_grad)
+ * needs no exp again. */
+static inline float row_softmax_ce(int V, const float *restrict x, int64_t target,
+                                   float *restrict e, float *inv) {
+    float best;
+    int nan;
+    row_argmax(V, x, &best, &nan);
+    float sum = row_exp_sum(V, x, best, e);
+    if (nan) sum = NAN;
+    *inv = 1.0f / sum;
+    return logf(sum) + best - x[target];
+}
+
+/* The gradient of g * ce with respect to the row's logits, from row_softmax_ce's e and inv:
+ * d = g (e inv - onehot). d may be e itself (the gradient then replaces the numerators). */
+static inline void row_ce_grad(int V, const float *e, float inv, int64_t target, float g,
+                               float *d) {
+    float scale = g * inv;
+    for (int j = 0; j < V; j++) d[j] = scale * e[j];
+    d[target] -= g;
+}
+
 #endif

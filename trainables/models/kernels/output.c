@@ -37,18 +37,9 @@ int out_fwd(int K, int N, int D, int V, int Vp, const float *u, const float *w, 
             for (int r = 0; r < n; r++) {
                 long row = row0 + r;
                 int64_t t = target[row];
-                if (t == ignore) {
-                    ce[row] = 0.0f;
-                    continue;
-                }
-                const float *x = logits + (long)r * Vp;
-                float best;
-                int nan;
-                row_argmax(V, x, &best, &nan);
-                float sum = row_exp_sum(V, x, best, e + row * V);
-                if (nan) sum = NAN;
-                inv[row] = 1.0f / sum;
-                ce[row] = logf(sum) + best - x[t];
+                ce[row] = t == ignore ? 0.0f
+                                      : row_softmax_ce(V, logits + (long)r * Vp, t, e + row * V,
+                                                       inv + row);
             }
         }
     }
@@ -73,14 +64,11 @@ void out_bwd(int K, int N, int D, int V, const float *u, const float *wt, const 
             for (int r = 0; r < n; r++) {
                 long row = row0 + r;
                 float *dr = d + (long)r * V;
-                int64_t t = target[row];
-                if (t == ignore) {
+                if (target[row] == ignore) {
                     for (int j = 0; j < V; j++) dr[j] = 0.0f;
                     continue;
                 }
-                float scale = g[row] * inv[row];
-                for (int j = 0; j < V; j++) dr[j] = scale * dr[j];
-                dr[t] -= g[row];
+                row_ce_grad(V, dr, inv[row], target[row], g[row], dr); /* in place */
                 for (int j = 0; j < V; j++) dbk[j] = dbk[j] + dr[j];
             }
             mm_back(n, V, D, d, wtk, du + row0 * D);
