@@ -171,3 +171,24 @@ def ptr(x: torch.Tensor) -> int:
 def ptr_or_none(x: torch.Tensor | None) -> int | None:
     """:func:`ptr`, or None (a NULL pointer for the kernels) for no tensor."""
     return None if x is None else ptr(x)
+
+
+LANES = 16
+"""Floats per vector of the kernels (``kernels/fmath.h``)."""
+
+
+def whole_vectors(n: int) -> int:
+    """``n`` rounded up to whole :data:`LANES`-float vectors."""
+    return -(-n // LANES) * LANES
+
+
+def padded_output_layer(w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output layer w (K, D, V), b (K, 1, V) as (K, D, Vp) and (K, Vp) contiguous, its
+    columns padded with zeros to whole vectors (the kernels never read the padding's
+    logits)."""
+    k, d, v = w.shape
+    vp = whole_vectors(v)
+    w_pad, b_pad = w.new_zeros(k, d, vp), b.new_zeros(k, vp)
+    w_pad[:, :, :v] = w
+    b_pad[:, :v] = b.view(k, v)
+    return w_pad, b_pad

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainables.models.ckernels import ptr, usable
+from trainables.models.ckernels import padded_output_layer, ptr, usable
 
 EVAL_CHUNK_FLOATS = 1 << 18
 """Logits held at once when computing evaluation losses (1 MiB of float32)."""
@@ -69,11 +69,9 @@ class _OutputLayer(torch.autograd.Function):
         assert kern is not None
         k, n, d = u.shape
         v = w.shape[2]
-        vp = -(-v // 16) * 16  # whole vectors of columns; the padding's logits are not read
         u = u.contiguous()
-        w_pad, b_pad = u.new_zeros(k, d, vp), u.new_zeros(k, vp)
-        w_pad[:, :, :v] = w
-        b_pad[:, :v] = b.view(k, v)
+        w_pad, b_pad = padded_output_layer(w, b)
+        vp = w_pad.shape[2]
         ce, e, inv = u.new_empty(k, n), u.new_empty(k, n, v), u.new_empty(k, n)
         if kern.out_fwd(k, n, d, v, vp, ptr(u), ptr(w_pad), ptr(b_pad), ptr(target), ignore,
                         ptr(ce), ptr(e), ptr(inv)):  # fmt: skip

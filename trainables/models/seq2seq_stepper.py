@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainables.models.ckernels import ptr, ptr_or_none, usable
+from trainables.models.ckernels import padded_output_layer, ptr, ptr_or_none, usable, whole_vectors
 from trainables.models.seq2seq_cells import cell_step_eval
 from trainables.models.seq2seq_decode import greedy_decode
 from trainables.models.seq2seq_layout import IGNORE, Arch, Seq2SeqBatch
@@ -74,7 +74,7 @@ class FastStepper:
         self.h = torch.stack(h_fin).repeat_interleave(width, 2)  # (L, K, N, Hd)
         self.c2 = torch.stack(c_fin).repeat_interleave(width, 2).mul_(2.0)  # doubled cells
         self.enc = enc.repeat_interleave(width, 1).view(k * self.n, s, he)  # (K * N, S, He)
-        sp = -(-s // 16) * 16  # keys and bias padded to whole 16-lane vectors (attend_one)
+        sp = whole_vectors(s)  # keys and bias padded to whole vectors (attend_one)
         self.keys_t = None
         if keys is not None:  # (K, B, S, Hd) -> (K * N, Hd, Sp)
             keys_t = F.pad(keys.transpose(2, 3), (0, sp - s)).repeat_interleave(width, 1)
@@ -138,11 +138,8 @@ class FastStepper:
         t_max = int(steps.max()) if steps.numel() else 0
         tokens = torch.zeros(k, n, max(t_max, 1), dtype=torch.int64)
         v = w.out_t.shape[-1]
-        vp = -(-v // 16) * 16  # whole 16-lane vectors: the padding columns are 0, never read
-        out_t = w.out_t.new_zeros(k, hd, vp)
-        out_t[:, :, :v] = w.out_t
-        out_b = w.out_b.new_zeros(k, vp)
-        out_b[:, :v] = w.out_b[:, 0]
+        out_t, out_b = padded_output_layer(w.out_t, w.out_b)  # (K, Hd, Vp), (K, Vp)
+        vp = out_t.shape[-1]
         layers = w.decoder
         w_hh_t = torch.stack([layer.w_hh.transpose(1, 2) for layer in layers]).contiguous()
         upper = layers[1:]
