@@ -44,6 +44,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("versions_json", pa.string()),
             ("bundle_size", pa.int64()),
             ("device", pa.string()),
+            ("bundling", pa.string()),  # hand (a hand-bundled family), vmap, or loop (plain modules)
         ]
     ),
     "runs": pa.schema(

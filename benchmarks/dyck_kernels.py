@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainables.data import SeqTags, TaskData
 from trainables.models.rnn_tagger import RNNTagger, RNNTaggerConfig
 from trainables.seeding import torch_generator
-from trainables.tasks.base import SeqTags, TaskData
 from trainables.tasks.dyck import Dyck1, Dyck1Config
 
 CPU = torch.device("cpu")

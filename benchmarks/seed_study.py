@@ -77,14 +77,14 @@ def direct_bundle(raw: dict[str, Any], device: str) -> tuple[float, str]:
     import torch
 
     from study.plan import seedsets
-    from trainables.loop import BundleRun, get_task
+    from trainables.loop import BundleRun
     from trainables.runtime import configure_worker
 
     cfg = parse(raw)
     point = cfg.points[0]
     seeds = seedsets(point)
     configure_worker(torch.get_num_threads())
-    task = get_task(point.spec)
+    task = point.spec.make_task()
     data = task.build(seeds[0].data_seed)
     t0 = time.perf_counter()
     run = BundleRun(point.spec, seeds, task, data, device)

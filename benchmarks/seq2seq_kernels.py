@@ -13,7 +13,7 @@ examples (lengths 1-15, as the six symbol-rewriting evaluation splits: teacher-f
 losses and greedy decoding, ``Model.evaluate_batch``) per member: reference, fast K=1,
 and fast K=8 with 1,024 examples per batch and with the trainer's cap
 (``Seq2Seq.eval_rows``), the latter with the kernels as torch ops and compiled. There is no
-torch.compile variant: see ``trainables/models/seq2seq_cells.py`` for what it was measured
+torch.compile variant: see ``trainables/models/seq2seq/cells.py`` for what it was measured
 to do.
 
     python -m benchmarks.seq2seq_kernels [--steps 60] [--repeats 3] [--threads 1]
@@ -32,12 +32,12 @@ import time
 import numpy as np
 import torch
 
+from trainables.data import SeqPairs, Vocab
 from trainables.models import ckernels
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from trainables.runtime import configure_worker
 from trainables.seeding import torch_generator
-from trainables.tasks.base import SeqPairs, Vocab
 
 BATCH = 64
 

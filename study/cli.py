@@ -100,9 +100,9 @@ def resume(
     if m.get("kind") == "tune":
         from study.tuning import run_tuning
 
-        run_tuning(parse(m["config"]), name, out, int(m["tune_trials"]), address, num_cpus)
+        run_tuning(parse(m["config"], None, m.get("plugin_dir")), name, out, int(m["tune_trials"]), address, num_cpus)
         return
-    cfg = parse(m["config"], int(m["seeds"]))
+    cfg = parse(m["config"], int(m["seeds"]), m.get("plugin_dir"))
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest={k: m[k] for k in ("tuned_from",) if k in m})
     typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
 
@@ -138,6 +138,25 @@ def tune(
         f"Top candidates (study sql --out {out} \"{query}\"):\n{run_sql(out, query)}\n"
         f"Seed study of the best: study run --from-best {study_name} --out {out}"
     )
+
+
+@app.command()
+def plugins(
+    config: Annotated[
+        Path | None, typer.Argument(help="A study file whose `plugins:` to load too.")
+    ] = None,
+    fields: Annotated[bool, typer.Option("--fields", help="Each config field with its doc.")] = False,
+    fmt: FormatOpt = "table",
+) -> None:
+    """Registered tasks and models: where each came from (entry point or study file) and its
+    config fields. With CONFIG, the study file's `plugins:` are loaded first."""
+    from study.plugins_info import registered
+
+    if config is not None:
+        from study.config import load
+
+        load(config)
+    typer.echo(_format(registered(with_docs=fields), fmt))
 
 
 @app.command("ls")

@@ -34,12 +34,14 @@ from pydantic import Field
 
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
+from trainables.plugins import import_modules
 from trainables.seeding import Source
 from trainables.spec import RunSpec, validate
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RESERVED_NAMES = {"tables"}
-TOP_LEVEL = ("name", "task", "model", "train", "seeds", "grid", "execution", "tune")
+TOP_LEVEL = ("name", "plugins", "task", "model", "train", "seeds", "grid", "execution", "tune")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class SeedsConfig(FrozenConfig):
@@ -73,6 +75,10 @@ class ExecutionConfig(FrozenConfig):
     """torch threads per trial (one is fastest per core for these small models)."""
     max_failures: int = Field(2, ge=0)
     """Retries of a failed trial (from its last checkpoint)."""
+    ship_plugins: bool = True
+    """Send the study file's ``plugins:`` modules that are not installed to every Ray worker
+    with the job (Ray's ``runtime_env`` ``py_modules``). Turn off only where every node
+    already imports them (e.g. a shared folder on every node's PYTHONPATH)."""
     report_every_s: float = Field(2.0, gt=0)
     """Seconds of training between a trial's Tune results, each followed by a checkpoint, so
     a killed trial loses at most about this much work. Each result costs some milliseconds,
@@ -105,6 +111,11 @@ class StudyConfig:
     points: tuple[Point, ...]
     execution: ExecutionConfig
     tune: dict[str, Any] | None
+    plugins: tuple[str, ...] = ()
+    """The ``plugins:`` modules (imported before validation; see trainables.plugins)."""
+    plugin_dir: str | None = None
+    """The study file's folder, searched first for ``plugins:`` (recorded in the manifest,
+    so ``study resume`` finds them without the file)."""
 
     @property
     def identity_hash(self) -> str:
@@ -159,13 +170,24 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
     return out
 
 
-def parse(raw: dict[str, Any], seeds_override: int | None = None) -> StudyConfig:
-    """Validate a raw study dict into a :class:`StudyConfig` (no Ray, no data)."""
+def parse(
+    raw: dict[str, Any],
+    seeds_override: int | None = None,
+    plugin_dir: str | Path | None = None,
+    source: str | None = None,
+) -> StudyConfig:
+    """Validate a raw study dict into a :class:`StudyConfig` (no Ray, no data).
+
+    Its ``plugins:`` are imported first (``plugin_dir`` searched before ``sys.path``);
+    ``source`` names the study file in messages."""
     if not isinstance(raw, dict):
         raise ConfigError("(file)", "a study file must be a YAML mapping", "see configs/quickstart.yaml")
     unknown = set(raw) - set(TOP_LEVEL)
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown top-level field", f"use only: {', '.join(TOP_LEVEL)}")
+    plugins = _plugins(raw.get("plugins"))
+    where = source or (f"the study file in {plugin_dir}" if plugin_dir else "the study file")
+    import_modules(plugins, Path(plugin_dir) if plugin_dir else None, where)
     name = raw.get("name")
     if name is not None:
         check_name(str(name), "name")
@@ -185,7 +207,25 @@ def parse(raw: dict[str, Any], seeds_override: int | None = None) -> StudyConfig
     if len(set(ids)) != len(ids):
         raise ConfigError("grid", "two grid points resolve to the same config", "remove the duplicate values")
     tune = raw.get("tune")
-    return StudyConfig(name, raw, tuple(points), execution, tune)
+    return StudyConfig(
+        name, raw, tuple(points), execution, tune, plugins, str(plugin_dir) if plugin_dir else None
+    )
+
+
+def _plugins(value: Any) -> tuple[str, ...]:
+    """The ``plugins:`` list, checked: importable module names, each once."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError("plugins", f"must be a list of module names, got {value!r}",
+                          "write e.g. `plugins: [my_task, mypkg.models]`")
+    for v in value:
+        if not MODULE_RE.match(v):
+            raise ConfigError("plugins", f"{v!r} is not a module name",
+                              "give importable module names (no paths, no .py): e.g. `my_task`")
+    if len(set(value)) != len(value):
+        raise ConfigError("plugins", "lists a module twice", "list each module once")
+    return tuple(value)
 
 
 def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
@@ -201,7 +241,7 @@ def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
     if isinstance(task, dict) and isinstance(task.get("data_dir"), str) and not Path(task["data_dir"]).is_absolute():
         # Ray workers run in other folders: a relative data_dir means relative to where `study` runs.
         task["data_dir"] = str((Path.cwd() / task["data_dir"]).resolve())
-    return parse(raw, seeds_override)
+    return parse(raw, seeds_override, path.resolve().parent, str(path))
 
 
 def check_name(name: str, field: str = "--name") -> str:

@@ -91,6 +91,8 @@ def prepare(
         "task": first.task_name,
         "model": first.model_name,
         "config": cfg.raw,
+        "plugin_dir": cfg.plugin_dir,
+        "plugins": plugin_sources(cfg),
         "config_hash": cfg.identity_hash,
         "created_at": (old or {}).get("created_at", now),
         "updated_at": now,
@@ -107,6 +109,17 @@ def prepare(
     }
     write(out, name, manifest)
     return manifest
+
+
+def plugin_sources(cfg: StudyConfig) -> dict[str, str]:
+    """Where the study's task and model classes came from (module and plugin), by name."""
+    from trainables.registry import MODELS, TASKS
+
+    out: dict[str, str] = {}
+    for p in cfg.points:
+        out[f"task {p.spec.task_name}"] = TASKS.entry(p.spec.task_name).source
+        out[f"model {p.spec.model_name}"] = MODELS.entry(p.spec.model_name).source
+    return out
 
 
 def _old_count(old: dict[str, Any] | None, trial_id: str) -> int:

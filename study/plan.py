@@ -116,6 +116,7 @@ def unit_payload(unit: Unit, cfg: StudyConfig, out: Path, study: str, device: st
         "device": device,
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
+        "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "config_json": json.dumps({**spec, "seeds": unit.point.seed_extra["seeds"]}, sort_keys=True),
         "point_json": json.dumps(unit.point.values, sort_keys=True, default=str),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from study import manifest as manifest_mod
 from study.config import StudyConfig
 from study.plan import default_cpus, plan_units, unit_payload
 from trainables.errors import ConfigError, FinelineError
-from trainables.loop import get_task
+from trainables.plugins import shippable
 
 console = Console(stderr=True)
 
@@ -27,8 +28,12 @@ class StudyFailed(FinelineError):
 
 
 @contextmanager
-def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str, float]]:
+def ray_session(
+    address: str | None, num_cpus: int | None, runtime_env: dict[str, Any] | None = None
+) -> Iterator[dict[str, float]]:
     """A Ray connection: a fresh local Ray (no dashboard, no usage stats) or ``address``.
+
+    ``runtime_env`` is the job's (:func:`worker_env`: the plugin modules every worker needs).
 
     Authentication is decided once, here and in ``cluster.yaml``: every Ray process of a
     fineline cluster runs with token authentication (``RAY_AUTH_MODE=token``). Ray 2.60
@@ -68,7 +73,8 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str,
             "RAY_AUTH_MODE=token (see docs/cluster.md)"
         )
         try:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True,
+                     runtime_env=runtime_env)
         except AuthenticationError as exc:  # token mode, but no token on this machine
             raise ConfigError(
                 "--address",
@@ -94,11 +100,28 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[dict[str,
             include_dashboard=False,
             logging_level=logging.ERROR,
             log_to_driver=True,
+            runtime_env=runtime_env,
         )
     try:
         yield ray.cluster_resources()
     finally:
         ray.shutdown()
+
+
+def worker_env(cfg: StudyConfig) -> dict[str, Any] | None:
+    """The job's Ray ``runtime_env``: the study's ``plugins:`` modules that are not installed,
+    shipped to every worker as ``py_modules`` (None: nothing to ship, or shipping is off)."""
+    if not cfg.plugins or not cfg.execution.ship_plugins:
+        return None
+    modules = shippable([sys.modules[name] for name in cfg.plugins])
+    if not modules:
+        return None
+    console.print(
+        "plugins shipped to the Ray workers: "
+        + ", ".join(f"{m.__name__} ({m.__file__})" for m in modules),
+        soft_wrap=True,
+    )
+    return {"py_modules": modules}
 
 
 def resolve_device(cfg: StudyConfig) -> str:
@@ -114,9 +137,10 @@ def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
     Returns the task facts the manifest records: ``analysis`` (what the task wants
     analysed and drawn) and ``splits`` (name and role of each split, in order).
     """
-    tasks = [get_task(point.spec) for point in cfg.points]
-    for task in tasks:
+    tasks = [point.spec.make_task() for point in cfg.points]
+    for point, task in zip(cfg.points, tasks, strict=True):
         task.check()
+        point.spec.check_splits(task.split_roles())
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
@@ -143,7 +167,7 @@ def run_study(
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
-    with ray_session(address, num_cpus) as resources:
+    with ray_session(address, num_cpus, worker_env(cfg)) as resources:
         units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
         payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
         failed = launch(payloads, cfg, out, name, already, planned)

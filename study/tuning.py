@@ -40,7 +40,14 @@ import numpy as np
 from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name, parse
 from study.plan import seedsets
-from study.runner import StudyFailed, check_before_ray, console, ray_session, resolve_device
+from study.runner import (
+    StudyFailed,
+    check_before_ray,
+    console,
+    ray_session,
+    resolve_device,
+    worker_env,
+)
 from study.tuning_config import (
     DEFAULT_SPACES,
     SEARCH_IDENTITY,
@@ -51,7 +58,6 @@ from study.tuning_config import (
     tune_block,
 )
 from trainables.errors import StudyStateError
-from trainables.loop import get_task
 from trainables.results import write_rows
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
@@ -95,6 +101,7 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "device": resolve_device(cfg),
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
+        "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "git_sha": manifest_mod.git_sha(),
         "versions_json": json.dumps(manifest_mod.versions()),
@@ -397,7 +404,7 @@ def run_tuning(
     if not block.sequential:
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
     storage_path = (out / name / "ray").resolve()
-    with ray_session(address, num_cpus) as resources:
+    with ray_session(address, num_cpus, worker_env(cfg)) as resources:
         errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
     for err in errors:
         console.print(f"[red]candidate failed:[/red] {type(err).__name__}: {str(err)[-2000:]}")
@@ -437,7 +444,7 @@ def _launch(
     )
     scheduler = None
     if block.pruner == "asha":
-        step_based = spec.train.max_steps is not None or get_task(spec).fresh_samples
+        step_based = spec.train.max_steps is not None or spec.make_task().fresh_samples
         scheduler = ASHAScheduler(
             time_attr="opt_step" if step_based else "epoch",
             grace_period=block.grace_period,
@@ -510,7 +517,7 @@ def best_config(
     resolved = json.loads(found[0])
     raw = {k: v for k, v in m["config"].items() if k not in ("tune", "name", "grid")}
     raw.update({k: resolved[k] for k in ("task", "model", "train")})
-    cfg = parse(raw, seeds or 50)
+    cfg = parse(raw, seeds or 50, m.get("plugin_dir"))
     study_name = check_name(name or f"{tune_name}-best")
     row = best.iloc[0]
     extra = {

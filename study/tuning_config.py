@@ -16,7 +16,6 @@ from study.config import Point, StudyConfig
 from study.plan import seedsets
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
-from trainables.loop import get_task
 from trainables.spec import RunSpec, validate
 from trainables.tuning_unit import apply_params
 
@@ -198,11 +197,18 @@ def _check_param(base: dict[str, Any], path: str, rng: ParamSpace) -> None:
 def _check_leakage(cfg: StudyConfig, block: TuneBlock) -> None:
     """Objective and epoch selection may only look at val / val_ood splits."""
     spec = cfg.points[0].spec
-    roles = get_task(spec).split_roles()
+    roles = spec.make_task().split_roles()
     allowed = ", ".join(sorted(n for n, r in roles.items() if r in TUNABLE_ROLES))
     looks = [("tune.objective.split", block.objective.split)]
     if spec.train.selection.mode != "last":
         looks.append(("train.selection.split", spec.train.selection.split))
+    metrics = spec.metric_names()
+    if block.objective.metric not in metrics:
+        raise ConfigError(
+            "tune.objective.metric",
+            f"{spec.task_name} with {spec.model_name} scores no metric {block.objective.metric!r}",
+            f"use one of: {', '.join(metrics)}",
+        )
     for field, split in looks:
         if split not in roles:
             raise ConfigError(field, f"no split {split!r}", f"use one of: {allowed}")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainables.loop import BundleRun, get_task
+from trainables.loop import BundleRun
 from trainables.seeding import derive_seedset
 from trainables.spec import RunSpec
 
@@ -21,7 +21,7 @@ def _run(lr_halving: dict[str, float] | None, members: int = 2, **train: Any) ->
         "train": {"optimizer": "sgd", "lr": 0.8, "batch_size": 16, "lr_halving": lr_halving, **train},
     })
     seeds = [derive_seedset(3, i) for i in range(members)]
-    task = get_task(spec)
+    task = spec.make_task()
     return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
 
 

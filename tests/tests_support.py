@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+"""The published reference data beside the project (absent in a bare clone)."""
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new",

@@ -1,13 +1,44 @@
-"""Base class for every config block: frozen, strict, documented.
+"""Base class for every config block: frozen, strict, documented, with a stable identity.
 
 Each field carries its docstring (pydantic's ``use_attribute_docstrings``), so the
-documentation travels with the schema and shows in error messages and ``study
-config-help``.
+documentation travels with the schema and shows in error messages and ``study plugins``.
+
+**Stable identities.** A run's ``trial_id`` hashes its *resolved* config
+(:meth:`FrozenConfig.identity`), so moving a default changes no id as long as the
+resolved values stay the same (a study file that relied on the old default must then
+state the value). A field added to a config that existing studies already use must not
+change their ids either, so it is declared with :func:`added_field`: while its value is
+the one that reproduces the behaviour from before the field existed (its
+``identity_default``), it is left out of the hash. The rule, for built-ins and plugins:
+
+1. never rename or remove a field of a released config, and never change what a value
+   means;
+2. a new field is an :func:`added_field` whose ``identity_default`` keeps the old
+   behaviour (it may have another ``default``: studies that never set it then get a new
+   id, which is right, since they now compute something else);
+3. ``tests/study/test_identity.py`` pins the ``trial_id`` of every shipped study file.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_ADDED = "fineline_identity_default"
+
+
+def added_field(default: Any, *, identity_default: Any = ..., **kwargs: Any) -> Any:
+    """A pydantic ``Field`` for a field added after its config was first released.
+
+    ``identity_default`` (default: ``default``) is the value that computes what configs did
+    before the field existed; at that value the field stays out of :meth:`FrozenConfig.identity`.
+    Other keyword arguments go to ``Field`` (``ge``, ``gt``, ...).
+    """
+    ident = default if identity_default is ... else identity_default
+    extra = dict(kwargs.pop("json_schema_extra", None) or {})
+    extra[_ADDED] = {"value": ident}
+    return Field(default, json_schema_extra=extra, **kwargs)
 
 
 class FrozenConfig(BaseModel):
@@ -16,3 +47,26 @@ class FrozenConfig(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
     )
+
+    def identity(self) -> dict[str, Any]:
+        """The JSON form of this config for hashing: ``model_dump(mode="json")`` less every
+        :func:`added_field` at its identity default (nested configs likewise)."""
+        dumped = self.model_dump(mode="json")
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if isinstance(value, FrozenConfig):
+                dumped[name] = value.identity()
+            extra = info.json_schema_extra
+            marker = extra.get(_ADDED) if isinstance(extra, dict) else None
+            if isinstance(marker, dict) and _json(info, marker["value"]) == dumped[name]:
+                del dumped[name]
+        return dumped
+
+
+def _json(info: Any, value: Any) -> Any:
+    """``value`` as ``model_dump(mode="json")`` writes it for a field like ``info``."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, tuple):
+        return list(value)
+    return value

@@ -27,21 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainables.errors import ConfigError
+from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
 from trainables.models.base import MemberNoise, Model
-from trainables.registry import MODELS, TASKS
+from trainables.registry import MODELS
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
 from trainables.spec import RunSpec
-from trainables.tasks.base import (
-    Arrays,
-    SeqPairs,
-    SeqTags,
-    Split,
-    SplitData,
-    Task,
-    TaskData,
-    TokenRows,
-)
+from trainables.tasks.base import Task
 
 Rows = list[dict[str, Any]]
 
@@ -144,16 +135,7 @@ class BundleRun:
 
     # ----------------------------------------------------------------- setup
     def _check_splits(self) -> None:
-        sel = self.train_cfg.selection
-        names = set(self.data.splits)
-        wanted = [*self.train_cfg.curve_splits] + ([sel.split] if sel.mode != "last" else [])
-        for name in wanted:
-            if name not in names:
-                raise ConfigError(
-                    "train.selection.split" if name == sel.split else "train.curve_splits",
-                    f"task {self.task.name!r} has no split {name!r}",
-                    f"use one of: {', '.join(sorted(names))}",
-                )
+        self.spec.check_splits({name: split.role for name, split in self.data.splits.items()})
 
     def _optimizer(self) -> torch.optim.Optimizer:
         cfg = self.train_cfg
@@ -411,7 +393,7 @@ class BundleRun:
         self.k = len(self.members)
 
     # ----------------------------------------------------------------- results
-    def finalize(self, render: Callable[[Split, int], tuple[str, str]] | None = None) -> list[dict[str, Rows]]:
+    def finalize(self) -> list[dict[str, Rows]]:
         """Evaluate every member at its selected epoch on every split.
 
         Returns one dict per member with ``metrics``, ``evals`` and ``predictions`` rows
@@ -437,7 +419,7 @@ class BundleRun:
                 if want_preds:
                     correct = ev.per_example[k][self.task.primary_metric] > 0.5
                     for i in range(len(split)):
-                        inp, tgt = render(split, i) if render else ("", "")
+                        inp, tgt = self.task.render_example(self.data, split, i)
                         out[k]["predictions"].append({
                             "seed": m.seeds.index, "split": name,
                             "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
@@ -493,23 +475,3 @@ def _in_split_order(n: int, parts: Sequence[tuple[np.ndarray, Sequence[Any]]]) -
         for j, r in enumerate(rows):
             out[r] = chunk[j]
     return out
-
-
-def render_example(data: TaskData, split: Split, i: int) -> tuple[str, str]:
-    """(input, target) of example ``i`` as text, for the ``predictions`` table."""
-    d = split.data
-    if isinstance(d, SeqPairs):
-        src, tgt = data.meta.get("src_vocab"), data.meta.get("tgt_vocab")
-        if src is not None and tgt is not None:
-            return " ".join(src.decode(d.src[i])), " ".join(tgt.decode(d.tgt[i]))
-    if isinstance(d, SeqTags):
-        x = d.x[i]
-        text = "".join("()"[int(t)] for t in x[:60]) + (f"...({len(x)})" if len(x) > 60 else "")
-        return text, ""
-    if isinstance(d, Arrays):
-        return "", str(int(d.y[i]))
-    return "", ""
-
-
-def get_task(spec: RunSpec) -> Task:
-    return TASKS.get(spec.task_name)(spec.task)

@@ -1,85 +1,144 @@
 """Name -> class registries for tasks and models.
 
-Adding a task or model is: subclass the base, decorate with ``@TASKS.register`` or
-``@MODELS.register``. An unknown name is an error that lists the valid choices, and
-the contract test in ``tests/test_contract.py`` picks up every registered pair.
+Adding a task or model is: subclass :class:`~trainables.tasks.base.Task` or
+:class:`~trainables.models.base.Model`, decorate it with ``@TASKS.register`` or
+``@MODELS.register``, and make its module a plugin (:mod:`trainables.plugins`: an entry
+point in the group ``fineline.plugins``, or a study file's ``plugins:`` list). fineline's
+own tasks and models are entry points of its distribution, found the same way.
+
+A lookup loads the installed plugins first, so a registry is complete wherever it is
+read (driver, Ray worker, test). An unknown name is an error that lists the valid
+choices; a name registered by two different classes is an error naming both sources; a
+class that lacks what its family needs is refused when it registers. The shipped
+contract suite (:mod:`trainables.testing`) checks what registration cannot.
+
+This module imports neither tasks nor models (their base classes import it).
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar, get_args
 
+from trainables.configbase import FrozenConfig
+from trainables.data import DataKind
 from trainables.errors import ConfigError
+from trainables.plugins import LOADER, Origin, PluginError, current_origin, load_entry_points
+
+if TYPE_CHECKING:
+    from trainables.models.base import Model
+    from trainables.tasks.base import Task
 
 T = TypeVar("T")
+DATA_KINDS: tuple[str, ...] = get_args(DataKind)
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered class and where it came from."""
+
+    cls: type[T]
+    origin: Origin | None
+    """The plugin whose import registered it (None: registered outside plugin loading)."""
+
+    @property
+    def source(self) -> str:
+        """``module.Class (how it was loaded)``, crediting the plugin module that is the
+        class's own module or a package holding it (even where another import got there
+        first), else the plugin being loaded when it registered."""
+        where = f"{self.cls.__module__}.{self.cls.__qualname__}"
+        parts = self.cls.__module__.split(".")
+        owners = [LOADER.loaded.get(".".join(parts[:n])) for n in range(len(parts), 0, -1)]
+        origin = next((o for o in owners if o is not None), self.origin)
+        return f"{where} ({origin.how})" if origin is not None else where
 
 
 class Registry(Generic[T]):
     """A named set of classes, each with a class attribute ``name``."""
 
-    def __init__(self, kind: str, field: str) -> None:
+    def __init__(self, kind: str, field: str, required: tuple[str, ...]) -> None:
         self.kind = kind
         self.field = field
-        self._items: dict[str, type[T]] = {}
+        self.required = required
+        """Class attributes a registered class must define."""
+        self._items: dict[str, Entry[T]] = {}
 
     def register(self, cls: type[T]) -> type[T]:
-        name = cls.name  # type: ignore[attr-defined]
-        if name in self._items and self._items[name] is not cls:
-            raise ValueError(f"{self.kind} {name!r} is registered twice")
-        self._items[name] = cls
+        """Class decorator: check ``cls`` and add it under ``cls.name``."""
+        self._check(cls)
+        name: str = cls.name  # type: ignore[attr-defined]
+        entry = Entry(cls, current_origin())
+        old = self._items.get(name)
+        if old is not None and _same_class(old.cls, cls):
+            self._items[name] = entry  # the same class again (a module imported twice)
+            return cls
+        if old is not None:
+            raise PluginError(
+                f"{self.kind} {name!r} is registered twice: by {old.source} and by {entry.source}. "
+                f"Fix: give one of them another `name`, or drop one of the two plugins"
+            )
+        self._items[name] = entry
         return cls
 
+    def _check(self, cls: type[T]) -> None:
+        where = f"{self.kind} class {cls.__module__}.{cls.__qualname__}"
+        missing = [a for a in self.required if not hasattr(cls, a)]
+        if missing:
+            raise PluginError(f"{where} lacks {', '.join(missing)}. Fix: set them as class attributes")
+        name = cls.name  # type: ignore[attr-defined]
+        if not isinstance(name, str) or not name.replace("_", "").isalnum():
+            raise PluginError(f"{where}: name {name!r} is not a word. Fix: use letters, digits and '_'")
+        config = cls.Config  # type: ignore[attr-defined]
+        if not (isinstance(config, type) and issubclass(config, FrozenConfig)):
+            raise PluginError(
+                f"{where}: Config must subclass trainables.configbase.FrozenConfig (frozen, unknown "
+                f"fields refused, a docstring per field). Fix: `class Config(FrozenConfig): ...`"
+            )
+        if cls.data_kind not in DATA_KINDS:  # type: ignore[attr-defined]
+            raise PluginError(
+                f"{where}: data_kind {cls.data_kind!r} is unknown. Fix: use one of "  # type: ignore[attr-defined]
+                f"{', '.join(DATA_KINDS)} (the containers in trainables.data)"
+            )
+        if inspect.isabstract(cls):
+            todo = ", ".join(sorted(cls.__abstractmethods__))  # type: ignore[attr-defined]
+            raise PluginError(f"{where} does not implement {todo}. Fix: define them")
+
     def get(self, name: str) -> type[T]:
-        _load_builtins()
+        load_entry_points()
         if name not in self._items:
             valid = ", ".join(sorted(self._items)) or "(none)"
             raise ConfigError(
-                self.field, f"unknown {self.kind} {name!r}", f"use one of: {valid}"
+                self.field,
+                f"unknown {self.kind} {name!r}",
+                f"use one of: {valid}; a {self.kind} from another package must be installed "
+                f"(entry point) or listed under `plugins:` in the study file (docs/plugins.md)",
             )
+        return self._items[name].cls
+
+    def entry(self, name: str) -> Entry[T]:
+        self.get(name)
         return self._items[name]
 
     def names(self) -> list[str]:
-        _load_builtins()
+        load_entry_points()
         return sorted(self._items)
 
+    def entries(self) -> list[Entry[T]]:
+        load_entry_points()
+        return [self._items[n] for n in sorted(self._items)]
+
     def __iter__(self) -> Iterator[type[T]]:
-        _load_builtins()
-        return iter([self._items[n] for n in sorted(self._items)])
+        return iter([e.cls for e in self.entries()])
 
 
-_BUILTIN_MODULES = (
-    "trainables.tasks.symbol_rewriting",
-    "trainables.tasks.dyck",
-    "trainables.tasks.scan",
-    "trainables.tasks.mnist_pairs",
-    "trainables.tasks.toy2d",
-    "trainables.models.seq2seq",
-    "trainables.models.rnn_tagger",
-    "trainables.models.convnet",
-    "trainables.models.mlp",
+def _same_class(a: type, b: type) -> bool:
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+TASKS: Registry[Task] = Registry(
+    "task", "task.name", ("name", "Config", "data_kind", "primary_metric", "metrics")
 )
-_loaded = False
+MODELS: Registry[Model] = Registry("model", "model.name", ("name", "Config", "data_kind", "reductions"))
 
-
-def _load_builtins() -> None:
-    """Import the built-in task and model modules (those that exist) exactly once."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-
-
-
-from trainables.models.base import Model  # noqa: E402
-from trainables.tasks.base import Task  # noqa: E402
-
-TASKS: Registry[Task] = Registry("task", "task.name")
-MODELS: Registry[Model] = Registry("model", "model.name")

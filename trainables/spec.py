@@ -11,19 +11,24 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trainables.models.base import Model
+    from trainables.tasks.base import Task
+
 
 class SelectionConfig(FrozenConfig):
     """Which epoch's parameters a run keeps, and when it stops early."""
 
     split: str = "val"
-    """Split whose metric selects the epoch (its role must be ``val``)."""
+    """Split whose metric selects the epoch (its role must be ``val`` or ``val_ood``: never
+    a test split)."""
     metric: str = "accuracy"
     """Metric on that split (``loss`` or any metric the task scores)."""
     mode: Literal["max", "min", "last"] = "max"
@@ -32,10 +37,10 @@ class SelectionConfig(FrozenConfig):
     """Stop a run once the metric fails to improve for ``patience`` consecutive evaluations."""
     patience: int = Field(1, ge=1)
     """Consecutive non-improving evaluations that stop a run (1 = the paper's rule)."""
-    arm_above: float | None = 0.0
+    arm_above: float | None = None
     """Early stopping is armed only once the best value is above this (max mode) or below it
-    (min mode); ``null`` arms it at once. Weber et al.'s rule fires at epoch 2 when val
-    accuracy sits at 0 for a while, so the paper config arms it once accuracy is above 0."""
+    (min mode); ``null`` arms it at once. (Weber et al.'s rule fires at epoch 2 while val
+    accuracy still sits at 0, so their study file arms it above a level.)"""
     min_epochs: int = Field(1, ge=1)
     """Never stop before this many epochs."""
 
@@ -52,17 +57,18 @@ class LrHalving(FrozenConfig):
 class TrainConfig(FrozenConfig):
     """The training procedure."""
 
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam"] = "adam"
     """Plain SGD (no momentum) or Adam."""
-    lr: float = Field(0.125, gt=0)
+    lr: float = Field(1e-3, gt=0)
     """Learning rate."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(32, ge=1)
     """Examples per member per optimizer step."""
-    clip_norm: float | None = Field(5.0, gt=0)
+    clip_norm: float | None = Field(None, gt=0)
     """Per-member global gradient-norm clip; ``null`` disables clipping."""
-    loss_reduction: str = "sum"
-    """How the loss of a batch is reduced (model-specific; seq2seq: ``sum`` over every target
-    token, ``token_mean``, ``step_mean_sum``). Only ``sum`` learns at the paper's SGD lr 0.125."""
+    loss_reduction: str | None = None
+    """How the loss of a batch is reduced: one of the model's ``reductions`` (seq2seq: ``sum``
+    over every target token, ``token_mean``, ``step_mean_sum``; classifiers: ``mean``,
+    ``sum``). Unset: the model's first, its default; the resolved config records it."""
     max_epochs: int = Field(30, ge=1)
     """Cap on epochs (epoch-based training)."""
     max_steps: int | None = Field(None, ge=1)
@@ -110,9 +116,27 @@ class RunSpec:
             "train": self.train.model_dump(mode="json"),
         }
 
+    def make_task(self) -> Task:
+        """The registered task, configured."""
+        from trainables.registry import TASKS
+
+        return TASKS.get(self.task_name)(self.task)
+
+    def identity(self) -> dict[str, Any]:
+        """What the ``trial_id`` hashes: :meth:`to_dict` less the fields added later that
+        sit at their identity default (see :func:`trainables.configbase.added_field`)."""
+        return {
+            "task": {"name": self.task_name, **self.task.identity()},
+            "model": {"name": self.model_name, **self.model.identity()},
+            "train": self.train.identity(),
+        }
+
     def trial_id(self, extra: dict[str, Any] | None = None) -> str:
-        """Stable hash of the resolved config (plus ``extra``, e.g. seed derivation)."""
-        payload = {**self.to_dict(), **(extra or {})}
+        """Stable hash of the resolved config (plus ``extra``, e.g. seed derivation).
+
+        Two configs with the same resolved values have the same id, whatever the defaults
+        or fields of the fineline version that resolved them (the rule in configbase)."""
+        payload = {**self.identity(), **(extra or {})}
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -143,7 +167,63 @@ class RunSpec:
         task_cfg = validate(task_cls.Config, task_raw, "task")
         model_cfg = validate(model_cls.Config, model_raw, "model")
         train_cfg = validate(TrainConfig, dict(raw.get("train") or {}), "train")
-        return cls(task_cls.name, task_cfg, model_cls.name, model_cfg, train_cfg)
+        train_cfg = _resolve_reduction(train_cfg, model_cls)
+        spec = cls(task_cls.name, task_cfg, model_cls.name, model_cfg, train_cfg)
+        spec.check_metrics()
+        return spec
+
+    def metric_names(self) -> tuple[str, ...]:
+        """Every metric a run of this spec scores: the model's (``loss`` first), the task's."""
+        from trainables.registry import MODELS, TASKS
+
+        model = MODELS.get(self.model_name).metric_names(self.model)
+        return tuple(dict.fromkeys([*model, *TASKS.get(self.task_name).metrics]))
+
+    def check_metrics(self) -> None:
+        """``train.selection.metric`` is one this spec scores (ConfigError otherwise)."""
+        sel = self.train.selection
+        names = self.metric_names()
+        if sel.mode != "last" and sel.metric not in names:
+            raise ConfigError(
+                "train.selection.metric",
+                f"{self.task_name} with {self.model_name} scores no metric {sel.metric!r}",
+                f"use one of: {', '.join(names)}",
+            )
+
+    def check_splits(self, roles: dict[str, str]) -> None:
+        """The split names this spec uses exist with fitting roles (``roles``: split -> role,
+        the task's). Selection never looks at a test split."""
+        sel, train = self.train.selection, self.train
+        valid = ", ".join(f"{n} ({r})" for n, r in roles.items())
+        wanted = [("train.curve_splits", n) for n in train.curve_splits]
+        if sel.mode != "last":
+            wanted.append(("train.selection.split", sel.split))
+        for field_name, split in wanted:
+            if split not in roles:
+                raise ConfigError(
+                    field_name, f"task {self.task_name!r} has no split {split!r}", f"use one of: {valid}"
+                )
+        if sel.mode != "last" and roles[sel.split] not in ("val", "val_ood"):
+            choices = ", ".join(n for n, r in roles.items() if r in ("val", "val_ood"))
+            raise ConfigError(
+                "train.selection.split",
+                f"split {sel.split!r} has role {roles[sel.split]!r}: selecting on it would leak it",
+                f"select on a val or val_ood split: {choices or '(the task has none; use mode: last)'}",
+            )
+
+
+def _resolve_reduction(train: TrainConfig, model_cls: type[Model]) -> TrainConfig:
+    """``loss_reduction`` checked against the model's ``reductions``; unset -> its default."""
+    allowed = tuple(model_cls.reductions)
+    if train.loss_reduction is None:
+        return train.model_copy(update={"loss_reduction": allowed[0]})
+    if train.loss_reduction not in allowed:
+        raise ConfigError(
+            "train.loss_reduction",
+            f"model {model_cls.name!r} has no loss reduction {train.loss_reduction!r}",
+            f"use one of: {', '.join(allowed)} (or leave it unset for {allowed[0]!r})",
+        )
+    return train
 
 
 def validate(schema: type[FrozenConfig], raw: dict[str, Any], prefix: str) -> Any:

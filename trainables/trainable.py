@@ -26,13 +26,15 @@ from typing import Any
 import torch
 from ray import tune
 
+from trainables.data import TaskData
 from trainables.errors import ConfigError, DataError
-from trainables.loop import BundleRun, get_task, render_example
+from trainables.loop import BundleRun
+from trainables.plugins import import_modules
 from trainables.results import commit_seed, write_rows
 from trainables.runtime import configure_worker
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
-from trainables.tasks.base import Task, TaskData
+from trainables.tasks.base import Task
 from trainables.tuning_unit import aggregate, objective_stats, unit_from_template
 
 
@@ -66,7 +68,7 @@ class FinelineTrainable(tune.Trainable):
         self.objective = self.unit.get("objective")
         configure_worker(int(self.unit.get("threads", 1)))
         self.round_budget_s = float(self.unit.get("report_every_s", 2.0))
-        self.spec = RunSpec.from_dict(self.unit["spec"])
+        self.spec = worker_spec(self.unit)
         seeds = [SeedSet(**s) for s in self.unit["seeds"]]
         task, data = self._data(seeds[0].data_seed)
         self.run = BundleRun(self.spec, seeds, task, data, resolve_device(self.unit["device"]))
@@ -77,7 +79,7 @@ class FinelineTrainable(tune.Trainable):
     def _data(self, data_seed: int) -> tuple[Task, TaskData]:
         key = (str(self.unit["spec"]["task"]), data_seed)
         if key not in self._data_cache:
-            task = get_task(self.spec)
+            task = self.spec.make_task()
             self._data_cache.clear()
             self._data_cache[key] = (task, task.build(data_seed))
         return self._data_cache[key]
@@ -147,7 +149,7 @@ class FinelineTrainable(tune.Trainable):
         out, study, trial_id = Path(u["out"]), u["study"], u["trial_id"]
         node = ray_node_id()
         run = self.run
-        member_rows = run.finalize(lambda split, i: render_example(run.data, split, i))
+        member_rows = run.finalize()
         now = dt.datetime.now(dt.UTC)
         statuses = [r["run"][0]["status"] for r in member_rows]
         self._final = self._final_objective(member_rows) if self.objective is not None else {}
@@ -160,7 +162,8 @@ class FinelineTrainable(tune.Trainable):
             "started_at": self.started_at, "ended_at": now, "node": node,
             "hostname": socket.gethostname(), "git_sha": u.get("git_sha", ""),
             "versions_json": u.get("versions_json", "{}"), "bundle_size": len(u["seeds"]),
-            "device": str(run.device), **u.get("flat", {}), **self._final,
+            "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
+            **u.get("flat", {}), **self._final,
         }])
         for seedset, rows in zip(u["seeds"], member_rows, strict=True):
             keyed = {
@@ -197,6 +200,28 @@ class FinelineTrainable(tune.Trainable):
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start(new_config)
         return True
+
+
+def worker_spec(unit: dict[str, Any]) -> RunSpec:
+    """The unit's RunSpec, after importing the study's plugins here (every worker, every node).
+
+    A task or model the driver had but this node lacks is named with the fix."""
+    fix = (
+        "it was shipped with the job unless execution.ship_plugins is false: then put it on "
+        "every node's PYTHONPATH, or pip install its package on every node (docs/plugins.md)"
+    )
+    import_modules(unit.get("plugins", []), None, f"the study, on node {socket.gethostname()}", fix)
+    try:
+        return RunSpec.from_dict(unit["spec"])
+    except ConfigError as exc:
+        if exc.field not in ("task.name", "model.name"):
+            raise
+        raise ConfigError(
+            exc.field,
+            f"{exc.problem} on node {socket.gethostname()}, though the driver has it",
+            "install the plugin that provides it on every node (`pip install ...`, as on the "
+            "driver), or list its module under `plugins:` in the study file (docs/plugins.md)",
+        ) from None
 
 
 def ray_node_id() -> str:

@@ -12,8 +12,8 @@ import torch
 
 from trainables.models import ckernels
 from trainables.models.ckernels import cpu_kernels
-from trainables.models.seq2seq_cells import lstm_sequence
-from trainables.models.seq2seq_layout import active_rows
+from trainables.models.seq2seq.cells import lstm_sequence
+from trainables.models.seq2seq.layout import active_rows
 from trainables.runtime import keep_freed_memory
 
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from trainables.data import Arrays
 from trainables.errors import ConfigError
+from trainables.models.classify import ClassifyBatch, classify_losses
 from trainables.models.convnet import ConvNet, ConvNetConfig
-from trainables.models.mlp import MLP, ClassifyBatch, MLPConfig, classify_losses
+from trainables.models.mlp import MLP, MLPConfig
 from trainables.registry import MODELS
 from trainables.seeding import torch_generator
-from trainables.tasks.base import Arrays
 from trainables.tasks.mnist_pairs import MnistPairs, MnistPairsConfig
 from trainables.tasks.toy2d import Toy2D, Toy2DConfig
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from trainables.models import ckernels
-from trainables.models.seq2seq_logits import cross_entropy, linear_cross_entropy
-from trainables.models.seq2seq_stepper import attend_one
+from trainables.models.seq2seq.logits import cross_entropy, linear_cross_entropy
+from trainables.models.seq2seq.stepper import attend_one
 
 IGNORE = -100
 

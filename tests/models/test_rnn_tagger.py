@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainables.data import SeqTags, TaskData
 from trainables.errors import ConfigError
 from trainables.models.rnn_tagger import RNNTagger, RNNTaggerConfig
 from trainables.models.rnn_tagger_fused import loss_and_grads
 from trainables.registry import MODELS
 from trainables.seeding import torch_generator
-from trainables.tasks.base import SeqTags, TaskData
 from trainables.tasks.dyck import Dyck1, Dyck1Config
 
 CELLS = ("lstm", "gru", "relu")

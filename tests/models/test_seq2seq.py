@@ -19,16 +19,19 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
+from trainables.data import BOS, EOS, SeqPairs, Vocab
 from trainables.errors import ConfigError
-from trainables.models import ckernels, seq2seq_cells, seq2seq_fast, seq2seq_weights
+from trainables.models import ckernels
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq import REDUCTIONS, Seq2Seq, Seq2SeqConfig
-from trainables.models.seq2seq_decode import beam_decode, greedy_decode
-from trainables.models.seq2seq_layout import IGNORE
-from trainables.models.seq2seq_reference import ReferenceEngine
+from trainables.models.seq2seq import cells as seq2seq_cells
+from trainables.models.seq2seq import fast as seq2seq_fast
+from trainables.models.seq2seq import weights as seq2seq_weights
+from trainables.models.seq2seq.decode import beam_decode, greedy_decode
+from trainables.models.seq2seq.layout import IGNORE
+from trainables.models.seq2seq.reference import ReferenceEngine
 from trainables.registry import MODELS
 from trainables.seeding import torch_generator
-from trainables.tasks.base import BOS, EOS, SeqPairs, Vocab
 
 N_SRC, N_TGT = 7, 14  # symbols (ids start at 3 after pad, BOS, EOS)
 MAX_SRC = 6
@@ -636,7 +639,7 @@ def test_evaluation_losses_equal_the_training_form(variant: str, kernels: str) -
 def test_fast_argmax_equals_torch_argmax_with_ties_and_nan(v: int, kernels: str) -> None:
     """Ties in one lane of the C kernel's 16 and across lanes, NaN (it wins, also after
     an inf), infinities, all-equal and all--inf rows; V below, at and above the lane count."""
-    from trainables.models.seq2seq_logits import argmax_last
+    from trainables.models.seq2seq.logits import argmax_last
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, 50, v, generator=gen)
@@ -655,7 +658,7 @@ def test_fast_argmax_equals_torch_argmax_with_ties_and_nan(v: int, kernels: str)
 
 
 def test_predictions_are_token_rows_of_each_examples_decode_length() -> None:
-    from trainables.tasks.base import TokenRows
+    from trainables.data import TokenRows
 
     data = pairs(9, seed=9)
     m = model(2, init_range=0.6)

@@ -16,7 +16,7 @@ TINY = {
              "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
              "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
     "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
-    "train": {"batch_size": 16, "max_epochs": 2},
+    "train": {"optimizer": "sgd", "lr": 0.125, "clip_norm": 5.0, "batch_size": 16, "max_epochs": 2},
     "seeds": {"count": 3, "root": 5},
     "execution": {"bundle_size": 2},
 }

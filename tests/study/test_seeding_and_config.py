@@ -112,7 +112,7 @@ def test_auto_bundles_follow_the_device_and_the_models_cap(
 
 
 def test_auto_bundles_without_a_cap_take_one_per_cpu(tmp_path: Path) -> None:
-    cfg = parse({"task": {"name": "dyck1"}, "model": {"name": "rnn_tagger"}, "train": {"batch_size": 1},
+    cfg = parse({"task": {"name": "dyck1"}, "model": {"name": "rnn_tagger"}, "train": {"batch_size": 1, "selection": {"metric": "loss", "mode": "min"}},
                  "seeds": {"count": 30, "root": 1}, "execution": {"bundle_size": "auto"}})
     units, _, _ = plan_units(cfg, tmp_path, "s", "cpu", 2)
     assert [len(u.seeds) for u in units] == [15, 15]

@@ -9,7 +9,6 @@ import yaml
 
 from study.config import parse
 from study.plan import plan_units
-from trainables.loop import get_task
 from trainables.registry import MODELS
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -27,8 +26,8 @@ def test_config_parses_and_plans(path: Path, tmp_path: Path) -> None:
     cfg = parse(raw)
     assert cfg.points, "a study needs at least one point"
     for point in cfg.points:
-        get_task(point.spec)  # the task accepts its config
-        assert MODELS.get(point.spec.model_name).data_kind == type(get_task(point.spec)).data_kind
+        point.spec.make_task()  # the task accepts its config
+        assert MODELS.get(point.spec.model_name).data_kind == type(point.spec.make_task()).data_kind
     units, planned, _ = plan_units(cfg, tmp_path, path.stem, "cpu", 2)
     assert planned == sum(p.seeds.count for p in cfg.points)
     assert sum(len(u.seeds) for u in units) == planned

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainables.data import SeqTags, Split
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import SeqTags, Split
 from trainables.tasks.dyck import (
     Dyck1,
     Dyck1Config,

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainables.data import EOS, PAD, SeqPairs
 from trainables.errors import ConfigError
 from trainables.registry import TASKS
-from trainables.tasks.base import EOS, PAD, SeqPairs
 from trainables.tasks.scan import (
     SRC_VOCAB,
     TGT_VOCAB,

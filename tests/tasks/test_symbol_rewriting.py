@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trainables.data import BOS, EOS, PAD, SeqPairs, Split, TaskData, TokenRows
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import BOS, EOS, PAD, SeqPairs, Split, TaskData, TokenRows
 from trainables.tasks.symbol_rewriting import (
     PUBLISHED_FILES,
     DecodeLen,

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from trainables.configbase import FrozenConfig
+from trainables.data import DataKind, SplitData
 from trainables.seeding import torch_generator
-from trainables.tasks.base import DataKind, SplitData
 
 
 class MemberNoise:
@@ -69,6 +69,9 @@ class Model(nn.Module, ABC):
     name: ClassVar[str]
     Config: ClassVar[type[FrozenConfig]]
     data_kind: ClassVar[DataKind]
+    reductions: ClassVar[tuple[str, ...]]
+    """The values ``train.loss_reduction`` may take with this model (what :meth:`loss`
+    accepts); the first is the default when a study file leaves it unset."""
     tiny: ClassVar[dict[str, Any]] = {}
     """Config overrides for a small, fast model in the contract test."""
     cpu_bundle_cap: ClassVar[int | None] = None
@@ -80,6 +83,13 @@ class Model(nn.Module, ABC):
     trainer's ``eval_batch_size`` examples per batch is capped at ``eval_rows // K`` (None:
     no cap). Set it where a bundle's evaluation throughput peaks (its working set leaves
     the cache beyond it)."""
+
+    @classmethod
+    def metric_names(cls, config: FrozenConfig) -> tuple[str, ...]:
+        """Names :meth:`example_metrics` returns with ``config`` (``loss`` first). Checked
+        before Ray against what a study selects on or tunes; a model adding metrics
+        overrides this (and the contract suite checks the two agree)."""
+        return ("loss",)
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__()
@@ -128,7 +138,7 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def predict(self, batch: Any) -> list[Sequence[Any]]:
         """Predictions, ``K`` sequences of ``B`` task-level predictions (what ``Task.score``
-        takes), e.g. lists, or :class:`~trainables.tasks.base.TokenRows` for token sequences."""
+        takes), e.g. lists, or :class:`~trainables.data.TokenRows` for token sequences."""
 
     def member_state(self, member: int) -> dict[str, torch.Tensor]:
         """Member ``member``'s parameters as a plain state dict (leading dim removed)."""

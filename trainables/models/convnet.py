@@ -46,12 +46,12 @@ from torch import nn
 
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
-from trainables.models.mlp import (
+from trainables.models.classify import (
     BundledClassifier,
     ClassifierConfig,
     ClassifyBatch,
     LossName,
-    _check_sizes,
+    check_sizes,
     dense_forward,
     dense_stack,
     init_weight_bias,
@@ -102,12 +102,12 @@ class ConvNetConfig(ClassifierConfig):
     @field_validator("channels")
     @classmethod
     def _channels(cls, value: tuple[int, int]) -> tuple[int, int]:
-        return _check_sizes("model.channels", value)  # type: ignore[return-value]
+        return check_sizes("model.channels", value)  # type: ignore[return-value]
 
     @field_validator("hidden")
     @classmethod
     def _hidden(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        return _check_sizes("model.hidden", value)
+        return check_sizes("model.hidden", value)
 
 
 @MODELS.register

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from trainables.configbase import FrozenConfig
+from trainables.data import SeqTags, SplitData
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 from trainables.models.rnn_tagger_cells import (
@@ -58,7 +59,6 @@ from trainables.models.rnn_tagger_cells import (
     squared_error,
 )
 from trainables.registry import MODELS
-from trainables.tasks.base import SeqTags, SplitData
 
 TORCH_NAMES = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 """``nn.LSTM``/``GRU``/``RNN`` names of ``w_ih, w_hh, b_ih, b_hh``."""
@@ -137,6 +137,8 @@ class RNNTagger(Model):
     name: ClassVar[str] = "rnn_tagger"
     Config: ClassVar[type[FrozenConfig]] = RNNTaggerConfig
     data_kind = "tagging"
+    reductions: ClassVar[tuple[str, ...]] = tuple(REDUCTIONS)
+    """``mean`` first: the paper's loss (each sequence's mean squared error)."""
 
     config: RNNTaggerConfig
 

@@ -1,237 +1,25 @@
-"""The Task base class and the data containers tasks hand to models.
+"""The Task base class: what a task (built-in or plugin) implements.
 
 A task generates (or loads) its data deterministically from a data seed and names its
-splits with a *role*:
-
-* ``train``   - what the optimizer sees;
-* ``val``     - in-distribution validation (model selection / early stopping);
-* ``val_ood`` - "uncharacteristic" validation: what tuning may look at;
-* ``test``    - never seen by tuning or selection.
-
-A task also owns its metrics: :meth:`Task.score` turns a model's predictions on a split
-into per-example metric values (the split's metric is their mean), and declares which
-metric per example marks an example "correct" for the ``predictions`` table.
-
-Data comes in one of a few *kinds*, each a container below; a model family declares
-the kind it consumes, and only matching (task, model) pairs are valid.
+splits with a *role* (``train``, ``val``, ``val_ood``, ``test``; see
+:mod:`trainables.data`, which also holds the data containers it returns). It owns its
+metrics: :meth:`Task.score` turns a model's predictions on a split into per-example
+metric values (the split's metric is their mean), and declares which metric per example
+marks an example "correct" for the ``predictions`` table.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 
 from trainables.configbase import FrozenConfig
+from trainables.data import Arrays, DataKind, Role, SeqPairs, SeqTags, Split, SplitData, TaskData
 from trainables.errors import ConfigError
-
-Role = Literal["train", "val", "val_ood", "test"]
-ROLES: tuple[Role, ...] = ("train", "val", "val_ood", "test")
-DataKind = Literal["seq2seq", "tagging", "classify"]
-
-PAD, BOS, EOS = 0, 1, 2
-SPECIALS = ("<pad>", "<s>", "</s>")
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """Token <-> id map; ids 0, 1, 2 are always ``<pad>``, ``<s>``, ``</s>``."""
-
-    tokens: tuple[str, ...]
-
-    @classmethod
-    def build(cls, symbols: Sequence[str]) -> Vocab:
-        return cls(tuple(SPECIALS) + tuple(symbols))
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def index(self) -> dict[str, int]:
-        return {t: i for i, t in enumerate(self.tokens)}
-
-    def encode(self, symbols: Sequence[str]) -> np.ndarray:
-        idx = self.index
-        return np.fromiter((idx[s] for s in symbols), dtype=np.int64, count=len(symbols))
-
-    def decode(self, ids: Sequence[int]) -> list[str]:
-        return [self.tokens[i] for i in ids]
-
-
-@dataclass
-class SeqPairs:
-    """Kind ``seq2seq``: source and target token sequences (no BOS/EOS stored).
-
-    ``src[i]`` and ``tgt[i]`` are int64 arrays of vocab ids; ``ids[i]`` is a stable
-    example id within the split (used by the ``predictions`` table).
-    """
-
-    src: list[np.ndarray]
-    tgt: list[np.ndarray]
-    ids: np.ndarray
-    _padded: PaddedPairs | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def padded(self) -> PaddedPairs:
-        """The split as zero-padded arrays (built on first use, then kept): a batch is
-        then an index into them instead of a Python loop over its sequences."""
-        if self._padded is None:
-            self._padded = PaddedPairs(_pad(self.src), _pad(self.tgt))
-        return self._padded
-
-    def rows(self) -> tuple[TokenRows, TokenRows]:
-        """Sources and targets as :class:`TokenRows` over the padded arrays (no copies)."""
-        p = self.padded()
-        return TokenRows(*p.src), TokenRows(*p.tgt)
-
-
-@dataclass(frozen=True)
-class PaddedPairs:
-    """:class:`SeqPairs` as ``(values (N, max_len) int64 zero-padded, lengths (N,))`` pairs."""
-
-    src: tuple[np.ndarray, np.ndarray]
-    tgt: tuple[np.ndarray, np.ndarray]
-
-
-def _pad(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = row_lengths(seqs)
-    return padded_rows(seqs, int(lengths.max(initial=0)), fill=0), lengths
-
-
-class TokenRows(Sequence[np.ndarray]):
-    """Generated token sequences of one member, stored padded: a ``Sequence`` whose item
-    ``i`` is ``tokens[i, :lengths[i]]`` (int64, a view).
-
-    What seq2seq models predict. Tasks may score it per item like any list of arrays, or
-    whole (:meth:`padded`): at symbol rewriting's 117k evaluation examples per seed, the
-    per-example arrays and re-padding took seconds of Python per member.
-    """
-
-    def __init__(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if tokens.ndim != 2 or lengths.shape != (tokens.shape[0],):
-            raise ValueError(f"tokens (N, W) and lengths (N,) expected, got {tokens.shape}, {lengths.shape}")
-        if len(lengths) and (lengths.min() < 0 or lengths.max() > tokens.shape[1]):
-            raise ValueError(f"lengths must lie in [0, {tokens.shape[1]}]")
-        self.tokens = tokens
-        self.lengths = lengths.astype(np.int64, copy=False)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
-        return self.tokens[i, : self.lengths[i]]
-
-    def padded(self, width: int, fill: int = -1) -> np.ndarray:
-        """``(N, width)`` int64: each row cut to ``width``, ``fill`` beyond its length."""
-        w = min(width, self.tokens.shape[1])
-        out = np.full((len(self), width), fill, dtype=np.int64)
-        out[:, :w] = np.where(np.arange(w) < self.lengths[:, None], self.tokens[:, :w], fill)
-        return out
-
-    @staticmethod
-    def assemble(n: int, parts: Sequence[tuple[np.ndarray, TokenRows]]) -> TokenRows:
-        """Rows ``(index, rows)`` of a split's chunks put back in the split's order (``n`` rows,
-        every index exactly once)."""
-        width = max((r.tokens.shape[1] for _, r in parts), default=0)
-        tokens = np.zeros((n, width), dtype=np.int64)
-        lengths = np.full(n, -1, dtype=np.int64)
-        for index, rows in parts:
-            tokens[index, : rows.tokens.shape[1]] = rows.tokens
-            lengths[index] = rows.lengths
-        if (lengths < 0).any():
-            raise ValueError("TokenRows.assemble: some rows of the split were not given")
-        return TokenRows(tokens, lengths)
-
-
-def row_lengths(rows: Sequence[Any]) -> np.ndarray:
-    """Lengths of variable-length rows, ``(N,)`` int64 (no loop for :class:`TokenRows`)."""
-    if isinstance(rows, TokenRows):
-        return rows.lengths
-    return np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-
-
-def padded_rows(rows: Sequence[Any], width: int, fill: int = -1) -> np.ndarray:
-    """Right-pad (or cut) variable-length int rows into ``(N, width)`` int64 (vectorised for
-    :class:`TokenRows`)."""
-    if isinstance(rows, TokenRows):
-        return rows.padded(width, fill)
-    lens = np.fromiter((min(len(r), width) for r in rows), dtype=np.int64, count=len(rows))
-    out = np.full((len(rows), width), fill, dtype=np.int64)
-    if lens.sum():
-        flat = np.concatenate([np.asarray(r, dtype=np.int64).ravel()[:width] for r in rows])
-        row = np.repeat(np.arange(len(rows)), lens)
-        col = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
-        out[row, col] = flat
-    return out
-
-
-@dataclass
-class SeqTags:
-    """Kind ``tagging``: per-time-step targets for an input sequence.
-
-    ``x[i]``: (T_i,) int64 input symbol ids (no specials); ``y[i]``: (T_i, D) float32
-    per-step targets.
-    """
-
-    x: list[np.ndarray]
-    y: list[np.ndarray]
-    ids: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-
-@dataclass
-class Arrays:
-    """Kind ``classify``: fixed-size inputs and integer labels. ``x``: (N, ...) float32, ``y``: (N,) int64."""
-
-    x: np.ndarray
-    y: np.ndarray
-    ids: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
-SplitData = SeqPairs | SeqTags | Arrays
-
-
-@dataclass
-class Split:
-    """One named split of a task's data, with its role."""
-
-    name: str
-    role: Role
-    data: SplitData
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-
-@dataclass
-class TaskData:
-    """Everything a task built from one data seed.
-
-    ``meta`` carries what a model needs to size itself (vocab sizes, input dims,
-    maximum lengths); see each kind's model family for the keys it reads.
-    """
-
-    splits: dict[str, Split]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def by_role(self, role: Role) -> list[Split]:
-        return [s for s in self.splits.values() if s.role == role]
-
-    @property
-    def train(self) -> Split:
-        (train,) = self.by_role("train")
-        return train
 
 
 def check_data_dir(
@@ -259,6 +47,10 @@ def check_data_dir(
         )
 
 
+def _clip(text: str, width: int = 120) -> str:
+    return text if len(text) <= width else f"{text[:width]}...({len(text)} chars)"
+
+
 class Task(ABC):
     """A task: deterministic data from a seed, splits with roles, and metrics.
 
@@ -271,6 +63,9 @@ class Task(ABC):
     data_kind: ClassVar[DataKind]
     primary_metric: ClassVar[str]
     """Per-example metric that marks an example correct in the ``predictions`` table."""
+    metrics: ClassVar[tuple[str, ...]]
+    """Every metric name :meth:`score` may return (on some split). Study files are checked
+    against it before Ray starts; the contract suite checks ``score`` keeps to it."""
     fresh_samples: ClassVar[bool] = False
     """True if training draws fresh samples each step (see :meth:`sample_train`)."""
     tiny: ClassVar[dict[str, Any]] = {}
@@ -298,6 +93,23 @@ class Task(ABC):
 
         ``index`` is the example's position in ``split`` (for metrics that need the target)."""
         return str(prediction)
+
+    def render_example(self, data: TaskData, split: Split, index: int) -> tuple[str, str]:
+        """(input, target) of example ``index`` of ``split`` as text, for the ``predictions``
+        table. The default writes token sequences with the vocabularies in ``data.meta``
+        (``src_vocab``, ``tgt_vocab``), a tagging input as its symbol ids and a class label
+        as its number; a task overrides it to show its examples as a reader knows them."""
+        d = split.data
+        if isinstance(d, SeqPairs):
+            src, tgt = data.meta.get("src_vocab"), data.meta.get("tgt_vocab")
+            if src is not None and tgt is not None:
+                return " ".join(src.decode(d.src[index])), " ".join(tgt.decode(d.tgt[index]))
+            return " ".join(map(str, d.src[index])), " ".join(map(str, d.tgt[index]))
+        if isinstance(d, SeqTags):
+            return _clip(" ".join(str(int(t)) for t in d.x[index])), ""
+        if isinstance(d, Arrays):
+            return "", str(int(d.y[index]))
+        return "", ""
 
     def sample_train(self, data: TaskData, rng: np.random.Generator, n: int) -> SplitData:
         """Fresh training samples (only for ``fresh_samples`` tasks)."""

@@ -49,9 +49,10 @@ import numpy as np
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from trainables.configbase import FrozenConfig
+from trainables.data import Role, SeqTags, Split, TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Role, SeqTags, Split, Task, TaskData, check_data_dir
+from trainables.tasks.base import Task, check_data_dir
 
 OPEN, CLOSE = 0, 1
 """Input ids of ``(`` and ``)``."""
@@ -471,6 +472,7 @@ class Dyck1(Task):
     Config: ClassVar[type[FrozenConfig]] = Dyck1Config
     data_kind = "tagging"
     primary_metric: ClassVar[str] = "correct"
+    metrics: ClassVar[tuple[str, ...]] = ("correct", "fpf")
     tiny: ClassVar[dict[str, Any]] = {
         "train_size": 64,
         "val_size": 32,
@@ -569,6 +571,12 @@ class Dyck1(Task):
         fpf = first_failure(predictions, data.y)
         lengths = np.array([len(x) for x in data.x], dtype=np.int64)
         return {"correct": (fpf == lengths).astype(np.float64), "fpf": fpf.astype(np.float64)}
+
+    def render_example(self, data: TaskData, split: Split, index: int) -> tuple[str, str]:
+        """The input as brackets (first 60), the target empty (a depth per step)."""
+        x = split.data.x[index]  # type: ignore[union-attr]
+        text = "".join("()"[int(t)] for t in x[:60]) + (f"...({len(x)})" if len(x) > 60 else "")
+        return text, ""
 
     def render(self, split: Split, prediction: Any, index: int | None = None) -> str:
         """``fpf=<n>`` when the example ``index`` is given, else the thresholded depth bits.

@@ -53,9 +53,10 @@ import numpy as np
 from pydantic import ValidationInfo, field_validator
 
 from trainables.configbase import FrozenConfig
+from trainables.data import Arrays, Split, TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Arrays, Split, Task, TaskData
+from trainables.tasks.base import Task
 
 N_CLASSES = 10
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
@@ -260,6 +261,7 @@ class MnistPairs(Task):
     Config: ClassVar[type[FrozenConfig]] = MnistPairsConfig
     data_kind = "classify"
     primary_metric: ClassVar[str] = "accuracy"
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
     fresh_samples: ClassVar[bool] = True
     tiny: ClassVar[dict[str, Any]] = {
         "data_dir": "mnist",

@@ -48,9 +48,10 @@ import numpy as np
 from pydantic import ValidationInfo, field_validator
 
 from trainables.configbase import FrozenConfig
+from trainables.data import EOS, SeqPairs, Split, TaskData, Vocab
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import EOS, SeqPairs, Split, Task, TaskData, Vocab, check_data_dir
+from trainables.tasks.base import Task, check_data_dir
 
 PRIMITIVES: dict[str, str] = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS: dict[str, str] = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
@@ -220,6 +221,7 @@ class Scan(Task):
     Config: ClassVar[type[FrozenConfig]] = ScanConfig
     data_kind = "seq2seq"
     primary_metric: ClassVar[str] = "exact"
+    metrics: ClassVar[tuple[str, ...]] = ("exact",)
     tiny: ClassVar[dict[str, Any]] = {"max_train": 128, "max_test": 32, "n_curve": 16}
     tiny_train: ClassVar[dict[str, Any]] = {
         "optimizer": "adam",

@@ -45,19 +45,10 @@ import numpy as np
 from pydantic import model_validator
 
 from trainables.configbase import FrozenConfig
+from trainables.data import EOS, Role, SeqPairs, Split, TaskData, Vocab, padded_rows, row_lengths
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import (
-    EOS,
-    Role,
-    SeqPairs,
-    Split,
-    Task,
-    TaskData,
-    Vocab,
-    padded_rows,
-    row_lengths,
-)
+from trainables.tasks.base import Task
 from trainables.tasks.symbol_rewriting_data import (
     MAX_SYMBOLS,
     N_SPECIAL,
@@ -275,6 +266,7 @@ class SymbolRewriting(Task):
     Config = SymbolRewritingConfig
     data_kind = "seq2seq"
     primary_metric = "accuracy"
+    metrics = ("accuracy", "exact")
     tiny: ClassVar[dict[str, Any]] = {
         "n_symbols": 12, "train_size": 300, "val_size": 40, "val_ood_size": 40, "test_size": 40,
         "train_lengths": (2, 4), "val_ood_lengths": (2, 5), "repeat_lengths": (3, 5),

@@ -39,9 +39,10 @@ import numpy as np
 from pydantic import ValidationInfo, field_validator
 
 from trainables.configbase import FrozenConfig
+from trainables.data import Arrays, Split, TaskData
 from trainables.errors import ConfigError
 from trainables.registry import TASKS
-from trainables.tasks.base import Arrays, Split, Task, TaskData
+from trainables.tasks.base import Task
 from trainables.tasks.mnist_pairs import accuracy, render_class
 
 TRAIN_COMBOS = np.array([[0, 0], [0, 1], [1, 0]], dtype=np.int64)
@@ -99,6 +100,7 @@ class Toy2D(Task):
     Config: ClassVar[type[FrozenConfig]] = Toy2DConfig
     data_kind = "classify"
     primary_metric: ClassVar[str] = "accuracy"
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy", "p_y1")
     fresh_samples: ClassVar[bool] = True
     tiny: ClassVar[dict[str, Any]] = {"n_train": 64, "n_eval": 64, "grid": (-1.0, 1.0, 5)}
     tiny_train: ClassVar[dict[str, Any]] = {

@@ -24,8 +24,8 @@ from torch.func import functional_call
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from trainables.models.base import MemberNoise
-from trainables.models.seq2seq_decode import greedy_decode
-from trainables.models.seq2seq_layout import (
+from trainables.models.seq2seq.decode import greedy_decode
+from trainables.models.seq2seq.layout import (
     IGNORE,
     Arch,
     Engine,

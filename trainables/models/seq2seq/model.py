@@ -20,21 +20,21 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   top layer; there is no dropout between layers.
 
 Implementations (``impl``): ``fast`` (all K members in one batched computation with a
-hand-written LSTM, see :mod:`seq2seq_fast`) and ``reference`` (plain eager ``nn``
-modules, K = 1, see :mod:`seq2seq_reference`). Both read the same stacked parameters
-(layout: :mod:`seq2seq_layout`), draw the same dropout masks and compute the same
+hand-written LSTM, see :mod:`fast`) and ``reference`` (plain eager ``nn``
+modules, K = 1, see :mod:`reference`). Both read the same stacked parameters
+(layout: :mod:`layout`), draw the same dropout masks and compute the same
 numbers; :meth:`Seq2Seq.to_reference` turns a bundle member into a reference model.
 
 Meta keys read: ``src_vocab``, ``tgt_vocab`` (:class:`Vocab`), ``max_src_len``,
 ``max_tgt_len`` and ``decode_len`` (src lengths -> greedy steps; default: ``max_tgt_len
 + 1`` for every example). Predictions: one int64 array per example of exactly
 ``decode_len(len(src))`` generated target ids (so it includes the EOS position): greedy
-decoding, or beam search when ``beam_width > 1`` (:mod:`seq2seq_decode`).
+decoding, or beam search when ``beam_width > 1`` (:mod:`decode`).
 
 Loss reductions (the trainer's ``loss_reduction``): ``sum`` over every target token incl.
 EOS (the paper's; the only one that learns at SGD lr 0.125), ``token_mean``,
 ``step_mean_sum`` (per-step mean over the batch, summed over steps); see
-:data:`REDUCTIONS`. Dropout masks follow the protocol in :mod:`seq2seq_layout`.
+:data:`REDUCTIONS`. Dropout masks follow the protocol in :mod:`layout`.
 
 No fused step: the trainer's generic step (autograd around the hand-written LSTM's
 manual backward, a torch optimizer) is used, so :meth:`Seq2Seq.make_fused_step` returns
@@ -52,11 +52,12 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from trainables.configbase import FrozenConfig
+from trainables.data import SplitData, TokenRows
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
-from trainables.models.seq2seq_decode import decode
-from trainables.models.seq2seq_fast import FastEngine
-from trainables.models.seq2seq_layout import (
+from trainables.models.seq2seq.decode import decode
+from trainables.models.seq2seq.fast import FastEngine
+from trainables.models.seq2seq.layout import (
     IGNORE,
     Arch,
     Engine,
@@ -66,9 +67,8 @@ from trainables.models.seq2seq_layout import (
     longest_first,
     param_layout,
 )
-from trainables.models.seq2seq_reference import ReferenceEngine
+from trainables.models.seq2seq.reference import ReferenceEngine
 from trainables.registry import MODELS
-from trainables.tasks.base import SplitData, TokenRows
 
 
 class Seq2SeqConfig(FrozenConfig):
@@ -100,7 +100,7 @@ class Seq2SeqConfig(FrozenConfig):
     compile: bool = False
     """Reserved; must stay false. ``torch.compile`` of the LSTM step, of whole sequences and
     of fixed chunks of steps was measured and none paid on a CPU core (findings in
-    ``trainables/models/seq2seq_cells.py``), so there is no compiled path."""
+    ``trainables/models/seq2seq/cells.py``), so there is no compiled path."""
     beam_width: int = Field(1, ge=1)
     """Beam width for predictions; 1 = greedy decoding."""
     teacher_forced_exact: bool = False
@@ -114,7 +114,7 @@ class Seq2SeqConfig(FrozenConfig):
         if self.compile:
             raise ValueError(
                 "compile: seq2seq has no compiled path (torch.compile measured slower than "
-                "the eager fast path; see trainables/models/seq2seq_cells.py). Fix: set "
+                "the eager fast path; see trainables/models/seq2seq/cells.py). Fix: set "
                 "compile: false"
             )
         return self
@@ -183,6 +183,7 @@ class Seq2Seq(Model):
     name: ClassVar[str] = "seq2seq"
     Config: ClassVar[type[FrozenConfig]] = Seq2SeqConfig
     data_kind = "seq2seq"
+    reductions: ClassVar[tuple[str, ...]] = tuple(REDUCTIONS)
     tiny: ClassVar[dict[str, Any]] = {"emb_size": 32, "hidden_size": 32}
     """The contract test's config: the paper sizes. Smaller models under the summed loss
     and SGD lr 0.125 move ~20% per clipped step, a chaotic regime where float rounding
@@ -283,6 +284,12 @@ class Seq2Seq(Model):
     def example_losses(self, batch: Any) -> torch.Tensor:
         """Summed cross-entropy per example (K, B), without dropout."""
         return _per_example(self.engine.token_ce(self._params(), batch, None), batch)
+
+    @classmethod
+    def metric_names(cls, config: FrozenConfig) -> tuple[str, ...]:
+        """``loss``, and ``tf_exact`` and ``tf_token`` with ``teacher_forced_exact``."""
+        extra = ("tf_exact", "tf_token") if getattr(config, "teacher_forced_exact", False) else ()
+        return ("loss", *extra)
 
     def example_metrics(self, batch: Any) -> dict[str, torch.Tensor]:
         """``loss`` per example and, with ``teacher_forced_exact``, ``tf_exact`` (0/1) and

@@ -1,10 +1,10 @@
 """The fast seq2seq implementation's weights: the stacked parameters rearranged for computation.
 
-:func:`build_weights` turns the stacked parameters (:mod:`seq2seq_layout`) into the gate
-layout of the hand-written LSTM (:mod:`seq2seq_cells`) and, for evaluation, into its
+:func:`build_weights` turns the stacked parameters (:mod:`layout`) into the gate
+layout of the hand-written LSTM (:mod:`cells`) and, for evaluation, into its
 evaluation form (doubled ``g`` weights and combine layer, per-token input-projection
-tables); autograd flows through. Shared by the engine (:mod:`seq2seq_fast`) and the
-decoding stepper (:mod:`seq2seq_stepper`).
+tables); autograd flows through. Shared by the engine (:mod:`fast`) and the
+decoding stepper (:mod:`stepper`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainables.models.seq2seq_cells import (
+from trainables.models.seq2seq.cells import (
     double_g,
     lstm_sequence,
     lstm_sequence_eval,
     prepare_gates,
 )
-from trainables.models.seq2seq_layout import Arch
+from trainables.models.seq2seq.layout import Arch
 
 
 @dataclass
 class Layer:
-    """One LSTM layer (one direction) in the cell's gate layout (see :mod:`seq2seq_cells`)."""
+    """One LSTM layer (one direction) in the cell's gate layout (see :mod:`cells`)."""
 
     w_ih_t: torch.Tensor  # (K, in, 4H)
     bias: torch.Tensor  # (K, 1, 4H) = b_ih + b_hh

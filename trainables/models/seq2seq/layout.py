@@ -41,10 +41,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainables.data import BOS, EOS, SeqPairs, SplitData
 from trainables.errors import DataError
 from trainables.models.base import MemberNoise
-from trainables.models.seq2seq_decode import decode
-from trainables.tasks.base import BOS, EOS, SeqPairs, SplitData
+from trainables.models.seq2seq.decode import decode
 
 IGNORE = -100
 """Target id of token-list padding (``F.cross_entropy``'s ``ignore_index``)."""
@@ -357,7 +357,7 @@ class Engine(ABC):
 
     @abstractmethod
     def start_decode(self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int) -> Any:
-        """A stepper for greedy or beam decoding (:mod:`seq2seq_decode`)."""
+        """A stepper for greedy or beam decoding (:mod:`decode`)."""
 
     def evaluate(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, hits: bool, width: int

@@ -1,8 +1,8 @@
 """Decoding with the fast seq2seq implementation: a stepper over a bundle's decoder state.
 
 :class:`FastStepper` holds K members x N hypotheses in the evaluation form of the weights
-(:mod:`seq2seq_weights`) and steps them for greedy or beam decoding
-(:mod:`seq2seq_decode`); on a CPU :meth:`FastStepper.decode_in_c` runs the teacher-forced
+(:mod:`weights`) and steps them for greedy or beam decoding
+(:mod:`decode`); on a CPU :meth:`FastStepper.decode_in_c` runs the teacher-forced
 pass and greedy decoding of a whole batch in one call of the C decoder
 (``kernels/decode.c``). :func:`attend_one` is a decoding step's attention.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainables.data import BOS
 from trainables.models.ckernels import padded_output_layer, ptr, ptr_or_none, usable, whole_vectors
-from trainables.models.seq2seq_cells import cell_step_eval
-from trainables.models.seq2seq_decode import greedy_decode
-from trainables.models.seq2seq_layout import IGNORE, Arch, Seq2SeqBatch
-from trainables.models.seq2seq_logits import argmax_last
-from trainables.models.seq2seq_weights import Weights, embed_members
-from trainables.tasks.base import BOS
+from trainables.models.seq2seq.cells import cell_step_eval
+from trainables.models.seq2seq.decode import greedy_decode
+from trainables.models.seq2seq.layout import IGNORE, Arch, Seq2SeqBatch
+from trainables.models.seq2seq.logits import argmax_last
+from trainables.models.seq2seq.weights import Weights, embed_members
 
 
 def short_softmax(scores: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ into the ``(K * V, E)`` stacked table with ids offset by ``k * V``. Recurrent ac
 are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
 
 * the input projections of all time steps are one matmul per layer, and the recurrence
-  is the hand-written :mod:`seq2seq_cells` LSTM with a manual backward;
+  is the hand-written :mod:`cells` LSTM with a manual backward;
 * attention scores for all decoder steps are one ``bmm`` (no input feeding), with a
   softmax written for short rows;
 * the combine layer, dropout, output projection and cross-entropy run only on the
@@ -14,14 +14,14 @@ are time-major per member, ``(K, T, B, .)``. What makes it fast on a CPU core:
   time (:func:`linear_cross_entropy`).
 
 Evaluation (no gradients, no dropout: teacher-forced losses and greedy decoding) has its
-own form of the same weights (:func:`seq2seq_weights.build_weights` with ``evaluation``):
+own form of the same weights (:func:`weights.build_weights` with ``evaluation``):
 every ``tanh`` is ``2 sigmoid(2x) - 1`` with the weights in front of it doubled (exact), so
 an LSTM step is two sigmoids and no ``tanh`` (torch's costs about five sigmoids per element
 on a CPU core); layer 0's input projection is a lookup in a per-token table instead of a
-matmul; a decoding step (:mod:`seq2seq_stepper`) attends with :func:`attend_one` instead of
+matmul; a decoding step (:mod:`stepper`) attends with :func:`attend_one` instead of
 K * N one-row ``bmm`` calls, and takes its argmax with :func:`argmax_last`. On a CPU the
 cell step, the attention of a decoding step and the output layer's loss, gradient and
-argmax are compiled C kernels (:mod:`ckernels`; :mod:`seq2seq_logits`), and the
+argmax are compiled C kernels (:mod:`ckernels`; :mod:`logits`), and the
 teacher-forced pass and greedy decoding of a batch are one C call
 (:meth:`FastStepper.decode_in_c`), with torch ops where they cannot be used. With 256
 examples per batch a K=8 bundle evaluates about 2.4x faster than with the training form at
@@ -42,17 +42,17 @@ from collections.abc import Mapping
 import torch
 
 from trainables.models.base import MemberNoise
-from trainables.models.seq2seq_decode import decode
-from trainables.models.seq2seq_layout import (
+from trainables.models.seq2seq.decode import decode
+from trainables.models.seq2seq.layout import (
     IGNORE,
     Engine,
     Seq2SeqBatch,
     dropout_masks,
     scatter_rows,
 )
-from trainables.models.seq2seq_logits import linear_cross_entropy
-from trainables.models.seq2seq_stepper import FastStepper, short_softmax
-from trainables.models.seq2seq_weights import (
+from trainables.models.seq2seq.logits import linear_cross_entropy
+from trainables.models.seq2seq.stepper import FastStepper, short_softmax
+from trainables.models.seq2seq.weights import (
     Weights,
     build_weights,
     embed_members,

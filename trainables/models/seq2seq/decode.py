@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from trainables.tasks.base import BOS, EOS
+from trainables.data import BOS, EOS
 
 
 class Stepper(Protocol):

@@ -1,0 +1,89 @@
+"""Stable identities: the ``trial_id`` of every shipped study file is pinned, and the rule
+for new fields (``trainables.configbase.added_field``) keeps ids of unchanged configs.
+
+If a pinned id changes, a study run with an earlier fineline can no longer resume or grow:
+do not update the pins, fix the change (state a moved default in the study file, or
+declare a new field with ``added_field``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import Field
+
+from study.config import parse
+from trainables.configbase import FrozenConfig, added_field
+from trainables.spec import RunSpec
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+PINNED = {
+    "elnaggar2022": ["e2f5446d7432d06b", "20f997f61e6cdf3b", "47ec40933f8f2d57"],
+    "li2021_mnist": ["13cda084538fd657", "b45cdede0dd34eea"],
+    "li2021_scan": ["59f558470f19f389", "f2348b3a57c5b112"],
+    "li2021_toy": ["13e03d858b7a2505"],
+    "quickstart": ["bef8b71cc8cc0099"],
+    "sutskever2014": ["06ab600dff85979f"],
+    "tiny_cluster": ["0c7e92a70f29f30b"],
+    "weber2018": ["f5fc75ecee43564a"],
+    "weber2018_tune": ["f5fc75ecee43564a"],
+}
+"""Every point's trial_id, computed by fineline before the plugins change (d547e14)."""
+
+
+def test_every_shipped_study_file_is_pinned() -> None:
+    assert {p.stem for p in CONFIGS.glob("*.yaml")} == set(PINNED), "pin the new study file's ids"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_shipped_trial_ids_do_not_move(name: str) -> None:
+    cfg = parse(yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()))
+    assert [p.trial_id for p in cfg.points] == PINNED[name]
+
+
+class Before(FrozenConfig):
+    """A config as first released."""
+
+    width: int = 8
+    """A width."""
+
+
+class After(Before):
+    """The same config with two fields added later."""
+
+    scale: float = added_field(1.0, gt=0)
+    """New; 1.0 computes what configs did before it existed."""
+    mode: str = added_field("fast", identity_default="exact")
+    """New, with a new default: at ``exact`` it computes what configs did before it."""
+
+
+class Careless(Before):
+    """A field added without the rule."""
+
+    scale: float = Field(1.0, gt=0)
+    """Forgot added_field."""
+
+
+def _id(model_cfg: FrozenConfig) -> str:
+    spec = RunSpec.from_dict({"task": {"name": "toy2d"}, "model": {"name": "mlp"}})
+    return RunSpec(spec.task_name, spec.task, spec.model_name, model_cfg, spec.train).trial_id()
+
+
+def test_an_added_field_at_its_identity_default_keeps_the_id() -> None:
+    before = _id(Before(width=8))
+    assert _id(After(width=8, scale=1.0, mode="exact")) == before
+    assert _id(After(width=8, scale=2.0, mode="exact")) != before, "a new value is a new config"
+    assert _id(After(width=8)) != before, "the new default computes something else: a new id"
+    assert _id(Careless(width=8)) != before, "without added_field the id moves (the rule is needed)"
+
+
+def test_a_moved_default_keeps_the_id_when_the_resolved_value_is_stated() -> None:
+    """TrainConfig's optimizer default moved from sgd to adam: a study file that states sgd
+    keeps its id; resolved values, not defaults, are hashed."""
+    raw = {"task": {"name": "toy2d"}, "model": {"name": "mlp"}, "train": {"optimizer": "sgd"}}
+    spec = RunSpec.from_dict(raw)
+    assert spec.train.optimizer == "sgd"
+    assert spec.trial_id() == RunSpec.from_dict(raw).trial_id()
+    assert RunSpec.from_dict({**raw, "train": {}}).trial_id() != spec.trial_id()

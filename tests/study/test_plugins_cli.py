@@ -1,0 +1,150 @@
+"""Plugins through the real CLI: a study file's ``plugins:`` found beside it, and every
+bad plugin or bad split / metric / reduction name refused before Ray starts, with one
+line naming the field (or plugin) and the fix, and nothing written to OUT."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "blobs_task.py"
+
+BASE: dict[str, Any] = {
+    "name": "blobs",
+    "plugins": ["blobs_task"],
+    "task": {"name": "blobs", "n": 64},
+    "model": {"name": "mlp", "hidden": [8]},
+    "train": {"max_epochs": 2},
+    "seeds": {"count": 2},
+}
+
+
+def study(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV")}
+    env |= {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture()
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    """(the study file's folder with the plugin beside it, another working directory)."""
+    home, cwd = tmp_path / "study", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    shutil.copy(PLUGIN, home / PLUGIN.name)
+    return home, cwd
+
+
+def refused(home: Path, cwd: Path, cfg: dict[str, Any], *, command: str = "run") -> str:
+    path = home / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = cwd / "results"
+    res = study(cwd, command, str(path), "--out", str(out))
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert not out.exists(), "nothing may be written before the checks pass"
+    assert "Traceback" not in res.stderr and "ray" not in res.stderr.lower().replace("array", "")
+    return lines[0]
+
+
+def with_(cfg: dict[str, Any], **blocks: Any) -> dict[str, Any]:
+    return {**cfg, **blocks}
+
+
+def test_study_plugins_lists_a_local_plugin_found_beside_the_study_file(folders: tuple[Path, Path]) -> None:
+    home, cwd = folders
+    (home / "study.yaml").write_text(yaml.safe_dump(BASE))
+    res = study(cwd, "plugins", str(home / "study.yaml"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    import json
+
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert rows["blobs"]["source"].startswith("blobs_task.Blobs (plugins: of")
+    assert "n=200" in rows["blobs"]["fields"] and "shift=1.5" in rows["blobs"]["fields"]
+    assert "entry point 'mlp' of fineline" in rows["mlp"]["source"]
+    assert "blobs" not in {r["name"] for r in json.loads(study(cwd, "plugins", "--format", "json").stdout)}
+
+
+@pytest.mark.parametrize(
+    ("train", "field", "fix"),
+    [
+        ({"selection": {"split": "vall"}}, "train.selection.split", "use one of: train (train), val (val)"),
+        ({"selection": {"split": "test"}}, "train.selection.split", "select on a val or val_ood split: val, val_ood"),
+        ({"curve_splits": ["val", "tst"]}, "train.curve_splits", "use one of:"),
+        ({"selection": {"metric": "acc"}}, "train.selection.metric", "use one of: loss, accuracy"),
+        ({"loss_reduction": "token_mean"}, "train.loss_reduction", "use one of: mean, sum"),
+    ],
+)
+def test_bad_split_metric_and_reduction_names_are_refused_before_ray(
+    folders: tuple[Path, Path], train: dict[str, Any], field: str, fix: str
+) -> None:
+    line = refused(*folders, with_(BASE, train={**BASE["train"], **train}))
+    assert line.startswith(f"error: {field}: ") and fix in line, line
+
+
+def test_a_tuning_objective_on_an_unknown_split_is_refused_before_ray(folders: tuple[Path, Path]) -> None:
+    tune = {"objective": {"split": "val_odd", "metric": "accuracy"}, "trials": 2,
+            "space": {"train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}}
+    line = refused(*folders, with_(BASE, tune=tune), command="tune")
+    assert line.startswith("error: tune.objective.split: ") and "val_ood" in line, line
+
+
+def test_a_tuning_objective_metric_the_pair_does_not_score_is_refused_before_ray(
+    folders: tuple[Path, Path],
+) -> None:
+    tune = {"objective": {"split": "val_ood", "metric": "exact"}, "trials": 2,
+            "space": {"train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}}
+    line = refused(*folders, with_(BASE, tune=tune), command="tune")
+    assert line.startswith("error: tune.objective.metric: ") and "use one of: loss, accuracy" in line, line
+
+
+def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path]) -> None:
+    line = refused(*folders, with_(BASE, task={"name": "blobs", "n": 2}))
+    assert line.startswith("error: task.n: invalid value 2") and "greater than or equal to 4" in line, line
+    line = refused(*folders, with_(BASE, task={"name": "blobs", "size": 9}))
+    assert line.startswith("error: task.size: unknown field") and "use one of: n, shift" in line, line
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (None, "plugin blobs_task (plugins: of"),  # the module is not there
+        ("import numpy\nraise_here = undefined_name\n", "NameError: name 'undefined_name' is not defined"),
+        ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
+         "@TASKS.register\nclass Mine(Toy2D):\n    pass\n",
+         "task 'toy2d' is registered twice: by trainables.tasks.toy2d.Toy2D (entry point 'toy2d' of "
+         "fineline"),
+        ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
+         "@TASKS.register\nclass Mine(Toy2D):\n    name = 'mine'\n    Config = dict\n",
+         "Config must subclass trainables.configbase.FrozenConfig"),
+        ("from trainables.registry import MODELS\nfrom trainables.models.base import Model\n\n"
+         "@MODELS.register\nclass Half(Model):\n    name = 'half'\n    Config = None\n",
+         "model class blobs_task.Half lacks data_kind, reductions"),
+    ],
+    ids=["missing", "import-error", "duplicate-name", "bad-config-class", "incomplete-model"],
+)
+def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], source: str | None, expected: str) -> None:
+    home, cwd = folders
+    if source is None:
+        (home / "blobs_task.py").unlink()
+    else:
+        (home / "blobs_task.py").write_text(source)
+    line = refused(home, cwd, BASE)
+    assert expected in line, line
+    assert "Fix: " in line, line
+    if source is None:
+        assert "ModuleNotFoundError" in line and str(home) in line
+
+
+def test_plugins_must_be_module_names(folders: tuple[Path, Path]) -> None:
+    line = refused(*folders, with_(BASE, plugins=["./blobs_task.py"]))
+    assert line.startswith("error: plugins: './blobs_task.py' is not a module name"), line

@@ -1,0 +1,192 @@
+"""Finding user code: tasks and models from other packages, loaded the same way everywhere.
+
+A *plugin* is a Python module whose import registers tasks and models with
+``@TASKS.register`` / ``@MODELS.register`` (:mod:`trainables.registry`). There are two
+ways to name one, and the built-ins use the first:
+
+* **Entry points** in the group ``fineline.plugins`` (an installed distribution's
+  ``[project.entry-points."fineline.plugins"]`` table, each value a module name). Every
+  process loads all of them once, before its first registry lookup: the driver, and each
+  Ray worker on any node *where the distribution is installed* (install a plugin on every
+  node, as you install fineline itself).
+* **A study file's** ``plugins:`` list of importable module names, for code that is not
+  installed. A name is looked up first in the study file's folder, then on ``sys.path``
+  (``PYTHONPATH`` included). The driver imports them before it validates anything; the
+  modules that are not installed (not under a site-packages folder) travel to every Ray
+  worker with the job, through Ray's ``runtime_env`` ``py_modules``, and each worker
+  imports them again before any lookup (:func:`import_modules`).
+
+A plugin that fails to import is one :class:`PluginError` that names it, where it came
+from and the fix; a name registered twice names both sources (see the registry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata as md
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from trainables.errors import FinelineError
+
+GROUP = "fineline.plugins"
+"""The entry-point group fineline reads."""
+BUILTIN_DIST = "fineline"
+"""The distribution whose entry points register the built-in tasks and models."""
+
+
+class PluginError(FinelineError):
+    """A plugin could not be loaded, or registers something invalid or twice."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a plugin module came from, for messages and ``study plugins``."""
+
+    module: str
+    how: str
+    """``entry point NAME of DIST VERSION`` or ``study file plugins: (PATH)``."""
+
+    def __str__(self) -> str:
+        return f"{self.module} ({self.how})"
+
+
+class _Loader:
+    """The process's plugin state: which modules were loaded, and from where.
+
+    One instance per process (:data:`LOADER`), like the registries it feeds; it only
+    grows, and loading a module twice is a no-op.
+    """
+
+    def __init__(self) -> None:
+        self.entry_points_loaded = False
+        self.loaded: dict[str, Origin] = {}
+        self.current: Origin | None = None
+
+    @contextlib.contextmanager
+    def loading(self, origin: Origin) -> Iterator[None]:
+        before, self.current = self.current, origin
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def import_module(self, name: str, origin: Origin, fix: str) -> ModuleType:
+        """Import ``name`` with registrations attributed to ``origin``; errors -> PluginError."""
+        if name in self.loaded and name in sys.modules:
+            return sys.modules[name]
+        with self.loading(origin):
+            try:
+                module = importlib.import_module(name)
+            except PluginError:
+                raise
+            except FinelineError as exc:
+                raise PluginError(f"plugin {origin}: {exc}") from None
+            except Exception as exc:
+                where = _last_frame(exc)
+                raise PluginError(
+                    f"plugin {origin} failed to import: {type(exc).__name__}: {exc}{where}. "
+                    f"Fix: {fix}"
+                ) from None
+        self.loaded[name] = origin
+        return module
+
+    def load_entry_points(self) -> None:
+        """Import every ``fineline.plugins`` entry point's module, once per process."""
+        if self.entry_points_loaded:
+            return
+        self.entry_points_loaded = True
+        eps = sorted(md.entry_points(group=GROUP), key=lambda ep: (_dist(ep) != BUILTIN_DIST, ep.name))
+        if not any(_dist(ep) == BUILTIN_DIST for ep in eps):
+            self.entry_points_loaded = False
+            raise PluginError(
+                f"no {GROUP} entry points of {BUILTIN_DIST!r} found, so no built-in task or model "
+                "is registered (fineline's metadata is missing or stale). Fix: install fineline "
+                "with `python3 -m pip install -e .` (or `pip install fineline`) in this environment"
+            )
+        for ep in eps:
+            dist = ep.dist
+            label = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+            origin = Origin(ep.value, f"entry point {ep.name!r} of {label}")
+            fix = (
+                f"fix the module or reinstall {label}; or uninstall it "
+                f"(`pip uninstall {dist.name if dist else ep.name}`) to run without it"
+            )
+            self.import_module(ep.value.split(":")[0], origin, fix)
+
+
+LOADER = _Loader()
+
+
+def _dist(ep: md.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else ""
+
+
+def _last_frame(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
+    if not ours:
+        return ""
+    f = ours[-1]
+    return f" (at {f.filename}:{f.lineno})"
+
+
+def load_entry_points() -> None:
+    """Load the installed plugins (the built-ins included); see the module doc."""
+    LOADER.load_entry_points()
+
+
+def import_modules(
+    names: Sequence[str], search_dir: Path | None, source: str, fix: str | None = None
+) -> list[ModuleType]:
+    """Import a study file's ``plugins:`` modules (entry points first).
+
+    ``search_dir`` (the study file's folder) is searched before ``sys.path``; ``source``
+    says where the list came from (e.g. the study file's path); ``fix`` replaces the
+    default advice of an import error. Returns the modules.
+    """
+    load_entry_points()
+    modules = []
+    for name in names:
+        if search_dir is not None and str(search_dir) not in sys.path:
+            sys.path.insert(0, str(search_dir))
+        where = f"{search_dir} or " if search_dir is not None else ""
+        advice = fix or (
+            f"make `{name}` importable: put {name}.py (or a package {name}/) in {where}a folder "
+            "on PYTHONPATH, or pip install the package that provides it; or remove it from "
+            "`plugins:`"
+        )
+        modules.append(LOADER.import_module(name, Origin(name, f"plugins: of {source}"), advice))
+    return modules
+
+
+def is_installed(module: ModuleType) -> bool:
+    """True if ``module`` lives under a site-packages folder (then every node installs it
+    like fineline itself, and it is not shipped with the job)."""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return True  # a namespace or built-in module: nothing to ship
+    site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(Path(s).resolve()) for s in site)
+
+
+def shippable(modules: Sequence[ModuleType]) -> list[ModuleType]:
+    """The top-level modules of ``modules`` that must travel to workers (not installed)."""
+    tops: dict[str, ModuleType] = {}
+    for m in modules:
+        top = sys.modules[m.__name__.split(".")[0]]
+        if not is_installed(top):
+            tops[top.__name__] = top
+    return list(tops.values())
+
+
+def current_origin() -> Origin | None:
+    """The plugin being imported right now (None: fineline's own imports, a test, ...)."""
+    return LOADER.current

@@ -1,0 +1,282 @@
+"""The contract every (task, model) pair must satisfy, shipped for plugin authors.
+
+fineline's own test suite runs it over the built-ins; a plugin's repository runs the same
+checks on its own task and model with one line in any pytest module::
+
+    from trainables.testing import contract_suite
+
+    TestContract = contract_suite(tasks=["parity"], models=["parity_mlp"])
+
+(in the spirit of ``optuna.testing.pytest_samplers``). A pair is every registered task
+and model of the same data kind that the filters keep. Each task is trained on its
+``tiny`` config (``Task.tiny``, ``Task.tiny_train``), each model with ``Model.tiny``.
+The checks:
+
+* registration: declared metrics (``Task.metrics``, ``Model.metric_names``) are what the
+  task and model produce, every declared loss reduction trains;
+* it trains end to end and scores every split; accuracies in [0, 1], finite metrics;
+* the same seeds give bit-identical results (CPU), another seed a different run;
+* ``evaluate_batch`` equals ``example_metrics`` and ``predict`` apart;
+* bundle equivalence, dropout included: member k of a K=3 bundle equals the lone run with
+  the same seeds (parameters after 200 optimizer steps to 1e-5 relative; a tiny end-to-end
+  run: the same selected epoch and metrics to 1e-4);
+* a seed's result does not depend on its bundle's size or company;
+* a stopped member leaves the computation (compaction) and the others go on as lone
+  runs; a checkpoint taken after compaction resumes bit-identically.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from trainables.errors import ConfigError
+from trainables.loop import BundleRun
+from trainables.models.base import Model
+from trainables.registry import MODELS, TASKS
+from trainables.seeding import derive_seedset
+from trainables.spec import RunSpec
+from trainables.tasks.base import Task
+
+Pair = tuple[type[Task], type[Model]]
+
+
+def pairs(tasks: Sequence[str] | None = None, models: Sequence[str] | None = None) -> list[Pair]:
+    """Registered (task, model) classes of one data kind, kept by the name filters."""
+    for name in tasks or ():
+        TASKS.get(name)  # an unknown name is an error naming the choices, not 0 tests
+    for name in models or ():
+        MODELS.get(name)
+    return [
+        (t, m)
+        for t in TASKS
+        for m in MODELS
+        if m.data_kind == t.data_kind
+        and (tasks is None or t.name in tasks)
+        and (models is None or m.name in models)
+    ]
+
+
+def tiny_spec(task_cls: type[Task], model_cls: type[Model], data_root: Path | None, **train: Any) -> RunSpec:
+    """The pair's tiny config (``train`` overrides the task's ``tiny_train``). A ``data_dir``
+    in ``Task.tiny`` names a folder under ``data_root``; the test skips without it."""
+    task = dict(task_cls.tiny)
+    if "data_dir" in task:
+        folder = (data_root or Path("/nonexistent")) / task["data_dir"]
+        if not folder.is_dir():
+            pytest.skip(f"{task_cls.name} needs reference data at {folder}")
+        task["data_dir"] = str(folder)
+    raw = {
+        "task": {"name": task_cls.name, **task},
+        "model": {"name": model_cls.name, **model_cls.tiny},
+        "train": {"max_epochs": 2, **task_cls.tiny_train, **train},
+    }
+    return RunSpec.from_dict(raw)
+
+
+def new_run(spec: RunSpec, indices: Sequence[int], device: str = "cpu") -> BundleRun:
+    """A bundle of the seeds ``indices`` (root 11); skips a pair the model cannot size."""
+    seeds = [derive_seedset(11, i) for i in indices]
+    task = spec.make_task()
+    try:
+        return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed), device)
+    except ConfigError as exc:
+        if exc.field != "model.name":
+            raise
+        pytest.skip(f"{spec.model_name} cannot take {spec.task_name}'s inputs: {exc}")
+
+
+def train(spec: RunSpec, indices: Sequence[int], device: str = "cpu") -> BundleRun:
+    run = new_run(spec, indices, device)
+    while not run.done:
+        run.train_round()
+    return run
+
+
+def evals(run: BundleRun, k: int) -> dict[tuple[str, str], float]:
+    """Member ``k``'s (split, metric) -> value at its selected epoch."""
+    rows = run.finalize()[k]
+    return {(r["split"], r["metric"]): r["value"] for r in rows["evals"]}
+
+
+def assert_params_equal(a: BundleRun, ka: int, b: BundleRun, kb: int, what: str) -> None:
+    """Row ``ka`` of ``a``'s parameters equals row ``kb`` of ``b``'s to 1e-5 relative."""
+    theirs = dict(b.model.named_parameters())
+    for name, p in a.model.named_parameters():
+        mine, ref = p.detach()[ka], theirs[name].detach()[kb]
+        scale = ref.abs().max().clamp(min=1e-3)
+        assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-5 * float(scale)), (what, name)
+
+
+def assert_evals_close(a: dict[Any, float], b: dict[Any, float], what: object) -> None:
+    assert a.keys() == b.keys(), what
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-4), (what, key)
+
+
+def contract_suite(
+    tasks: Sequence[str] | None = None,
+    models: Sequence[str] | None = None,
+    data_root: Path | str | None = None,
+    device: str = "cpu",
+) -> type:
+    """A pytest test class running the contract over the kept pairs (see the module doc).
+
+    ``tasks`` / ``models``: registered names to keep (None: all). ``data_root``: where the
+    folders named by ``Task.tiny["data_dir"]`` live. ``device``: ``cpu`` or ``cuda`` (the
+    CUDA variant skips without a GPU and runs the bundle checks in true float32).
+    """
+    kept = pairs(tasks, models)
+    if not kept:
+        raise ConfigError(
+            "contract_suite", f"no (task, model) pair of one data kind among tasks={tasks} models={models}",
+            "name a task and a model that share a data_kind",
+        )
+    ids = [f"{t.name}-{m.name}" for t, m in kept]
+    root = Path(data_root) if data_root is not None else None
+    param = pytest.mark.parametrize(("task_cls", "model_cls"), kept, ids=ids)
+
+    class ContractSuite:
+        @pytest.fixture(autouse=True)
+        def _one_thread(self) -> Iterator[None]:
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            if device == "cuda":
+                if not torch.cuda.is_available():
+                    pytest.skip("no CUDA device here")
+                tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            yield
+            torch.set_num_threads(before)
+            if device == "cuda":
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+        def spec(self, task_cls: type[Task], model_cls: type[Model], **train_cfg: Any) -> RunSpec:
+            return tiny_spec(task_cls, model_cls, root, **train_cfg)
+
+        @param
+        def test_declared_metrics_and_reductions_are_what_runs_give(
+            self, task_cls: type[Task], model_cls: type[Model]
+        ) -> None:
+            spec = self.spec(task_cls, model_cls, max_epochs=1)
+            run = train(spec, [0], device)
+            got = {m for (_, m) in evals(run, 0)}
+            assert got <= set(spec.metric_names()), f"undeclared metrics: {got - set(spec.metric_names())}"
+            assert task_cls.primary_metric in task_cls.metrics
+            split = next(iter(run.data.splits.values()))
+            batch = run.model.make_batch(split.data, [np.arange(min(len(split), 8))], run.device)
+            with torch.no_grad():
+                names = tuple(run.model.example_metrics(batch))
+            assert names == model_cls.metric_names(spec.model), "Model.metric_names must list example_metrics' keys"
+            for reduction in model_cls.reductions:  # each declared reduction takes a step
+                r = new_run(self.spec(task_cls, model_cls, loss_reduction=reduction, max_steps=1), [0], device)
+                assert r.train_round()["step"] == 1, reduction
+
+        @param
+        def test_pair_trains_scores_and_is_deterministic(self, task_cls: type[Task], model_cls: type[Model]) -> None:
+            spec = self.spec(task_cls, model_cls)
+            a, b = train(spec, [0], device), train(spec, [0], device)
+            ev_a, ev_b = evals(a, 0), evals(b, 0)
+            if device == "cpu":
+                assert ev_a == ev_b, "same seeds must give bit-identical metrics on CPU"
+            roles = {s.role for s in a.data.splits.values()}
+            assert "train" in roles and "test" in roles
+            assert {split for split, _ in ev_a} == set(a.data.splits)
+            for (split, metric), value in ev_a.items():
+                if metric in ("accuracy", "exact", "correct"):
+                    assert 0.0 <= value <= 1.0, (split, metric, value)
+                assert np.isfinite(value) or metric == "loss", (split, metric, value)
+            assert a.members[0].best_epoch is not None or a.step_based
+            assert evals(train(spec, [1], device), 0) != ev_a, "a different seed should give a different run"
+
+        @param
+        def test_evaluate_batch_equals_metrics_and_predictions(
+            self, task_cls: type[Task], model_cls: type[Model]
+        ) -> None:
+            """``Model.evaluate_batch`` may share work; it must return what the two give apart."""
+            run = train(self.spec(task_cls, model_cls, max_epochs=1), [0, 1], device)
+            split = next(s for s in run.data.splits.values() if s.role == "test")
+            rows = np.arange(min(len(split), 40))
+            batch = run.model.make_batch(split.data, [rows] * run.k, run.device)
+            with torch.no_grad():
+                values, preds = run.model.evaluate_batch(batch)
+                apart = run.model.example_metrics(batch)
+                preds_apart = run.model.predict(batch)
+            assert values.keys() == apart.keys() and "loss" in values
+            for name, v in values.items():
+                assert torch.allclose(v, apart[name], rtol=1e-6, atol=1e-6), name
+            assert len(preds) == run.k == len(preds_apart)
+            for mine, theirs in zip(preds, preds_apart, strict=True):
+                assert len(mine) == len(rows) == len(theirs)
+                assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(mine, theirs, strict=True))
+
+        @param
+        def test_bundle_member_equals_lone_run_after_200_steps(
+            self, task_cls: type[Task], model_cls: type[Model]
+        ) -> None:
+            spec = self.spec(task_cls, model_cls, max_steps=200, eval_every_steps=200,
+                             selection={"mode": "last", "early_stop": False})
+            bundle = train(spec, [0, 1, 2], device)
+            for k in range(3):
+                assert_params_equal(bundle, k, train(spec, [k], device), 0, f"member {k}")
+
+        @param
+        def test_bundle_end_to_end_matches_lone_runs(self, task_cls: type[Task], model_cls: type[Model]) -> None:
+            spec = self.spec(task_cls, model_cls)
+            bundle = train(spec, [0, 1, 2], device)
+            for k in range(3):
+                lone = train(spec, [k], device)
+                assert bundle.members[k].best_epoch == lone.members[0].best_epoch
+                assert_evals_close(evals(bundle, k), evals(lone, 0), k)
+
+        @param
+        def test_a_seed_does_not_depend_on_its_bundle(self, task_cls: type[Task], model_cls: type[Model]) -> None:
+            """Seed 2 alone, as the last of three, and first beside seed 5: the same run."""
+            spec = self.spec(task_cls, model_cls, max_steps=60, eval_every_steps=30,
+                             selection={"mode": "last", "early_stop": False})
+            runs = [(train(spec, [2], device), 0), (train(spec, [0, 1, 2], device), 2),
+                    (train(spec, [2, 5], device), 0)]
+            ref, kr = runs[0]
+            for run, k in runs[1:]:
+                assert_params_equal(run, k, ref, kr, f"seed 2 in a bundle of {run.k}")
+                assert_evals_close(evals(run, k), evals(ref, kr), f"seed 2 in a bundle of {run.k}")
+
+        @param
+        def test_a_stopped_member_leaves_the_computation_and_the_others_go_on_as_lone_runs(
+            self, task_cls: type[Task], model_cls: type[Model]
+        ) -> None:
+            """Member 1 stops after the first round: with the generic step it is compacted out
+            (rows 0 and 2 remain); members 0 and 2 still equal their lone runs, member 1 a lone
+            run of one round, and a checkpoint taken after compaction resumes bit-identically."""
+            sel = {"mode": "last", "early_stop": False}
+            spec = self.spec(task_cls, model_cls, selection=sel)
+            step_based = spec.train.max_steps is not None or task_cls.fresh_samples
+            one_round = {"max_steps": spec.train.eval_every_steps} if step_based else {"max_epochs": 1}
+            bundle = new_run(spec, [0, 1, 2], device)
+            bundle.train_round()
+            bundle.members[1].status = "stopped"
+            bundle._compact()
+            compacts = bundle.fused is None
+            assert bundle.slots == ([0, 2] if compacts else [0, 1, 2]) and bundle.model.k == len(bundle.slots)
+            bundle.train_round()
+            resumed = new_run(spec, [0, 1, 2], device)
+            resumed.load_state_dict(copy.deepcopy(bundle.state_dict()))
+            assert resumed.slots == bundle.slots
+            for run in (bundle, resumed):
+                while not run.done:
+                    run.train_round()
+            assert evals(resumed, 0) == evals(bundle, 0) and evals(resumed, 2) == evals(bundle, 2)
+            assert bundle.members[1].best_epoch == (None if step_based else 1)
+            for k, extra in ((0, {}), (1, one_round), (2, {})):
+                lone = train(self.spec(task_cls, model_cls, selection=sel, **extra), [k], device)
+                assert bundle.members[k].best_step == lone.members[0].best_step
+                assert_evals_close(evals(bundle, k), evals(lone, 0), k)
+
+    ContractSuite.__name__ = ContractSuite.__qualname__ = "ContractSuite"
+    return ContractSuite
