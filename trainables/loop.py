@@ -217,7 +217,9 @@ class BundleRun:
             return self.fused(batch, active)
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
-        losses = self.model.loss(batch, self.noise, self.train_cfg.loss_reduction)  # (K,)
+        reduction = self.train_cfg.loss_reduction
+        assert reduction is not None, "RunSpec.from_dict resolves it to the model's default"
+        losses = self.model.loss(batch, self.noise, reduction)  # (K,)
         torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
         self._clip()
         self.optimizer.step()

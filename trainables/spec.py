@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -190,7 +191,7 @@ class RunSpec:
                 f"use one of: {', '.join(names)}",
             )
 
-    def check_splits(self, roles: dict[str, str]) -> None:
+    def check_splits(self, roles: Mapping[str, str]) -> None:
         """The split names this spec uses exist with fitting roles (``roles``: split -> role,
         the task's). Selection never looks at a test split."""
         sel, train = self.train.selection, self.train

@@ -65,6 +65,8 @@ def test_installed_plugin_runs_on_both_nodes_then_sql_and_report(cluster: Cluste
         GROUP BY ALL ORDER BY lr""")
     assert [r["n"] for r in spread] == [3, 3]
     assert all(0.5 < r["lo"] <= r["hi"] <= 1.0 for r in spread), spread
+    bundling = sql(cluster, tmp_path, out, "SELECT DISTINCT bundling, bundle_size FROM trials WHERE study = 'parity'")
+    assert bundling == [{"bundling": "vmap", "bundle_size": 3}], "the plain module ran vmapped, 3 seeds a bundle"
     manifest = json.loads((out / "parity" / "study.json").read_text())
     assert "entry point 'parity' of fineline-parity" in manifest["plugins"]["model parity_mlp"]
     report = ok(study(cluster, tmp_path, "report", "parity", "--out", str(out)))
