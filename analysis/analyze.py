@@ -1,7 +1,8 @@
 """``study analyze``: a study's numbers as text or JSON.
 
-:func:`analyze` prints the summary across seeds per (point, split, metric) with t
-intervals, the correlation matrix of the test splits (primary metric, Pearson, with the
+:func:`analyze` prints the verdict (does the config or the seed decide? see
+:mod:`analysis.verdict`), the summary across seeds per (point, split, metric) with
+bootstrap intervals of the mean (inside the metric's range), the correlation matrix of the test splits (primary metric, Pearson, with the
 number of runs per pair), the declared seed scatter's correlation with bootstrap
 intervals, and every regression the task declared. The helpers here compute the same
 numbers the report draws, so text and charts agree.
@@ -17,8 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import intervals as iv
 from analysis import queries as q
 from analysis import stats
+from analysis import verdict as vd
 from analysis.context import StudyContext, axis_label, open_study
 from analysis.db import list_studies
 from analysis.errors import AnalysisError
@@ -53,8 +56,11 @@ SUMMARY_COLUMNS = (
     "min",
     "median",
     "max",
-    "t_low",
-    "t_high",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "excluded",
+    "warn",
 )
 """Columns of the per-split summary table."""
 
@@ -100,36 +106,31 @@ def scatter_data(
     return pairs, fits, corrs
 
 
-def summary_table(ctx: StudyContext, level: float = 0.95) -> pd.DataFrame:
-    """Per (point, split, metric): n, mean, std, min, median, max and the t interval."""
+def summary_table(
+    ctx: StudyContext, level: float = 0.95, *, n_boot: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Per (point, split, metric) over the ok runs: n, mean, std, min, median, max and a
+    bootstrap interval of the mean (BCa, scipy; inside [min, max], so inside the metric's
+    range). ``excluded``: runs of that point with a value but another status (diverged,
+    not_learned...), left out; ``warn``: ``n<10`` when fewer than 10 runs."""
     e = ctx.evals
     if e.empty:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     rows = []
     split_rank = {s: i for i, s in enumerate(ctx.splits)}
-    for (point, split, metric), sub in e.groupby(["point", "split", "metric"], sort=False):
-        d = stats.describe(sub["value"])
-        t = stats.t_interval(sub["value"], level)
+    is_ok = e["status"].fillna("ok") == "ok"
+    for g, ((point, split, metric), sub) in enumerate(
+        e.groupby(["point", "split", "metric"], sort=False)
+    ):
+        good = sub.loc[is_ok.loc[sub.index], "value"]
+        d = stats.describe(good)
+        ci = iv.mean_interval(good, level=level, n_boot=n_boot, seed=seed + g)
         rows.append(
-            (
-                point,
-                split,
-                ctx.roles.get(split),
-                metric,
-                d["n"],
-                d["mean"],
-                d["std"],
-                d["min"],
-                d["median"],
-                d["max"],
-                t.low,
-                t.high,
-            )
-        )
-    df = pd.DataFrame(
-        rows,
-        columns=list(SUMMARY_COLUMNS),
-    )
+            (point, split, ctx.roles.get(split), metric, d["n"], d["mean"], d["std"], d["min"],
+             d["median"], d["max"], ci.low, ci.high, ci.method, len(sub) - len(good),
+             iv.seed_warning(int(d["n"])))
+        )  # fmt: skip
+    df = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     df["_r"] = df["split"].map(split_rank)
     return df.sort_values(["point", "_r", "metric"], kind="stable").drop(columns="_r")
 
@@ -155,20 +156,103 @@ def _matrix_text(m: stats.CorrelationMatrix) -> str:
     return text + "\n" + text_table(m.n.reset_index(names="n runs")).rsplit("\n", 1)[0]
 
 
+SCHEMA = "fineline.analyze/2"
+"""Name and version of the JSON document :func:`analyze` prints (docs/analysis.md)."""
+
+
+def _pct_cell(v: float) -> str:
+    return vd.pct(v) + "%" if v is not None and np.isfinite(v) else ""
+
+
+def verdict_text(v: vd.Verdict) -> list[str]:
+    """The verdict as text lines (sentence, shares, seed sources, comparisons, excluded runs)."""
+    lines = ["Verdict: does the config or the seed decide?", v.sentence]
+    if v.reason:
+        lines.append(f"({'model: ' if v.design == 'grid' else ''}{v.reason})")
+    if not v.shares.empty:
+        t = v.shares.assign(
+            between=v.shares["between"].map(_pct_cell),
+            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(v.shares["low"], v.shares["high"], strict=True)],
+            seeds_share=v.shares["seeds_share"].map(_pct_cell),
+            icc1=[f"{vd.pct(a)}% [{vd.pct(b)}, {vd.pct(c)}]" for a, b, c in zip(v.shares["icc1"], v.shares["icc1_low"], v.shares["icc1_high"], strict=True)],
+        )[["split", "configs", "runs", "seeds_min", "between", "interval", "seeds_share", "icc1", "F", "p", "warn"]]  # fmt: skip
+        title = f"Share of {v.metric} variance between configs (omega^2, 95% noncentral-F interval)"
+        lines += ["", title, text_table(t)]
+    if not v.sources.empty:
+        t = v.sources.assign(
+            share=v.sources["share"].map(_pct_cell),
+            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(v.sources["low"], v.sources["high"], strict=True)],
+        )[["source", "configs", "runs", "var", "share", "interval", "warn"]]  # fmt: skip
+        lines += ["", f"Seed variance by seed source ({v.splits[0]} {v.metric}; 95% bootstrap interval)", text_table(t)]  # fmt: skip
+    if not v.comparisons.empty:
+        c = v.comparisons
+        t = c.assign(
+            diff_ci=[f"[{a:.3g}, {b:.3g}]" for a, b in zip(c["diff_low"], c["diff_high"], strict=True)],
+            a12_ci=[f"[{a:.2f}, {b:.2f}]" for a, b in zip(c["a12_low"], c["a12_high"], strict=True)],
+        )[["split", "better", "worse", "mean_better", "mean_worse", "diff", "diff_ci", "hedges_g", "a12", "a12_ci", "p_holm", "warn"]]  # fmt: skip
+        title = (
+            "Config vs config (diff of means with 95% bootstrap BCa interval; Hedges g; "
+            "a12 = P(improvement) with bootstrap interval; Welch p, Holm-adjusted over all rows)"
+        )
+        lines += ["", title, text_table(t)]
+    if not v.expected_max.empty:
+        em = v.expected_max
+        ns = sorted({1, *[2**i for i in range(1, 12) if 2**i < len(em)], len(em)})
+        lines += ["", "Expected best objective vs number of candidates (Dodge et al. 2019)",
+                  text_table(em[em["n"].isin(ns)])]  # fmt: skip
+    ex = v.excluded
+    if not ex.empty and (ex["ok"] < ex["runs"]).any():
+        t = ex.assign(
+            excluded=ex["excluded_share"].map(_pct_cell),
+            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(ex["low"], ex["high"], strict=True)],
+        )[["point", "runs", "ok", "not_learned", "diverged", "other", "excluded", "interval"]]  # fmt: skip
+        lines += [
+            "",
+            "Runs left out of every number (share with 95% Wilson interval)",
+            text_table(t),
+        ]
+    lines += [f"warning: {w}" for w in v.warnings]
+    return lines
+
+
+def verdict_json(v: vd.Verdict) -> dict[str, Any]:
+    """The verdict as a JSON-safe dict (schema in docs/analysis.md)."""
+    return {
+        "design": v.design,
+        "metric": v.metric,
+        "higher_is_better": v.higher_is_better,
+        "splits": v.splits,
+        "sentence": v.sentence,
+        "model": v.model,
+        "reason": v.reason,
+        "level": 0.95,
+        "shares": records(v.shares),
+        "seed_sources": records(v.sources),
+        "comparisons": records(v.comparisons),
+        "comparison_family": "all rows (Holm)",
+        "expected_best": records(v.expected_max),
+        "excluded": records(v.excluded),
+        "warnings": v.warnings,
+    }
+
+
 def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, seed: int = 0) -> str:
     """The numbers of ``study`` in ``out`` as ``table`` text or ``json``.
 
-    Sections: status (runs done/failed/diverged), the summary across seeds per (point,
-    split, metric) with 95% t intervals, the test-split correlation matrix (primary metric,
-    Pearson r, with n), the seed scatter's Pearson and Spearman r with bootstrap intervals
-    (``n_boot`` replicates, ``default_rng(seed)``), and the declared regressions.
+    Sections: status (runs done/failed/diverged), the verdict (:mod:`analysis.verdict`),
+    the summary across seeds per (point, split, metric) with 95% bootstrap intervals of
+    the mean (ok runs only), the test-split correlation matrix (primary metric, Pearson r,
+    with n), the seed scatter's Pearson and Spearman r with bootstrap intervals, and the
+    declared regressions. Bootstraps use ``n_boot`` replicates from ``default_rng(seed)``.
+    Numbers from fewer than 10 runs carry ``n<10`` in their ``warn`` column.
     """
     if fmt not in ("table", "json"):
         raise AnalysisError(f"analyze prints 'table' or 'json', not {fmt!r}; pick one of those")
     ctx = open_study(out, study)
     try:
         info = next(iter(list_studies(out, only=[study])), None)
-        summary = summary_table(ctx)
+        verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
+        summary = summary_table(ctx, n_boot=n_boot, seed=seed)
         mats = test_correlations(ctx)
         scatter = scatter_data(ctx, n_boot=n_boot, seed=seed)
         regs = declared_regressions(ctx)
@@ -192,11 +276,12 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
                     for k, v in f.as_dict().items()
                     if k in ("n", "slope", "intercept", "r2", "p")
                 },
+                "warn": iv.seed_warning(f.n),
             }
             for r in regs
             for p, f in r.fits.items()
         ],
-        columns=["point", "y", "x", "over", "n", "slope", "intercept", "r2", "p"],
+        columns=["point", "y", "x", "over", "n", "slope", "intercept", "r2", "p", "warn"],
     )
     scatter_records = []
     if scatter is not None and ctx.scatter is not None:
@@ -205,16 +290,24 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
             for p, c in corr.items():
                 scatter_records.append(
                     {"point": p, "x": x_label, "y": y_label, "method": c.method, "n": c.n,
-                     "r": c.r, "p": c.p, "low": c.low, "high": c.high}
+                     "r": c.r, "p": c.p, "low": c.low, "high": c.high,
+                     "interval": "bootstrap-percentile", "warn": iv.seed_warning(c.n)}
                 )  # fmt: skip
     scatter_rows = pd.DataFrame(
-        scatter_records, columns=["point", "x", "y", "method", "n", "r", "p", "low", "high"]
+        scatter_records,
+        columns=["point", "x", "y", "method", "n", "r", "p", "low", "high", "interval", "warn"],
     )
     status = info.as_dict() if info else {"name": study}
+    few = int((summary["warn"] != "").sum()) if not summary.empty else 0
+    warnings = list(verdict.warnings)
+    if few and not any("fewer than" in w for w in warnings):
+        warnings.append(f"{few} summary rows rest on fewer than {iv.MIN_SEEDS} runs (warn n<10)")
     if fmt == "json":
         doc: dict[str, Any] = {
+            "schema": SCHEMA,
             "study": status,
             "primary_metric": ctx.primary,
+            "verdict": verdict_json(verdict),
             "summary": records(summary),
             "correlations": [
                 {
@@ -230,17 +323,24 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
             ],
             "scatter": records(scatter_rows),
             "regressions": records(reg_rows),
+            "warnings": warnings,
             "notes": ctx.notes,
         }
         return json.dumps(jsonable(doc), indent=1)
     head = f"Study {study}"
     if info:
+        other = info.done - info.ok - info.failed - info.diverged
         head += (
             f" ({info.kind or '?'}; task {info.task or '?'}, model {info.model or '?'}): "
             f"{info.done} runs done of {info.planned if info.planned is not None else '?'} "
-            f"planned ({info.ok} ok, {info.failed} failed, {info.diverged} diverged)"
+            f"planned ({info.ok} ok, {info.failed} failed, {info.diverged} diverged"
+            f"{f', {other} other (e.g. not_learned)' if other else ''})"
         )
-    parts = [head, "", "Summary across seeds (t = 95% t interval of the mean)", text_table(summary)]
+    parts = [head, "", *verdict_text(verdict), ""]
+    parts += [
+        "Summary across ok runs (ci = 95% bootstrap interval of the mean; warn n<10: fewer than 10 runs)",
+        text_table(summary),
+    ]
     for p, m in mats:
         title = f"Correlation across seeds of test-split {ctx.primary} (Pearson r)"
         parts += ["", title + (f" - point {p}" if ctx.multi else ""), _matrix_text(m)]

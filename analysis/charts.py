@@ -114,12 +114,24 @@ def _run_tooltip(*extra: alt.Tooltip | str) -> list[Any]:
 
 
 def split_distribution(
-    store: ChartData, values: pd.DataFrame, metric: str, splits: Sequence[str], *, multi: bool
+    store: ChartData,
+    values: pd.DataFrame,
+    metric: str,
+    splits: Sequence[str],
+    *,
+    multi: bool,
+    intervals: pd.DataFrame | None = None,
+    show_range: bool = False,
+    definition: str | None = None,
 ) -> TopChart:
-    """Per-split distribution of ``metric`` across seeds: a min-max box and one dot per seed.
+    """Per-split distribution of ``metric`` across seeds: one dot per seed, the mean with
+    its 95% bootstrap interval (black tick and bar), and optionally a min-max box.
 
     ``values``: one row per (trial, seed, split) with columns trial_id, point, seed, split,
-    role, value. ``splits``: x-axis order. Grid points sit side by side within a split.
+    role, value. ``intervals``: one row per (point, split) with columns point, split, n,
+    mean, low, high, warn (:func:`analysis.bands.split_intervals`). ``splits``: x-axis
+    order. Grid points sit side by side within a split. ``definition``: the metric's
+    definition, shown under the title.
     """
     sel = seed_selection()
     df = values[["trial_id", "point", "seed", "split", "role", "value"]].copy()
@@ -134,7 +146,9 @@ def split_distribution(
         dot_enc["xOffset"] = "point:N"
     else:
         dot_enc["xOffset"] = alt.XOffset("jitter:Q", scale=alt.Scale(domain=[-0.6, 1.6]))
-    box = base.mark_boxplot(extent="min-max", opacity=0.25, size=22).encode(**box_enc)
+    layers: list[Any] = []
+    if show_range:
+        layers.append(base.mark_boxplot(extent="min-max", opacity=0.25, size=22).encode(**box_enc))
     dots = (
         base.mark_circle()
         .encode(
@@ -144,10 +158,37 @@ def split_distribution(
         )
         .add_params(sel)
     )
+    layers.append(dots)
+    if intervals is not None and not intervals.empty:
+        ci = intervals[["point", "split", "n", "mean", "low", "high", "warn"]]
+        ci_enc: dict[str, Any] = {"x": x}
+        if multi:
+            ci_enc["xOffset"] = "point:N"
+        tip = [alt.Tooltip("point:N"), "split:N", alt.Tooltip("mean:Q", format=".4g"),
+               alt.Tooltip("low:Q", format=".4g", title="95% low"),
+               alt.Tooltip("high:Q", format=".4g", title="95% high"),
+               alt.Tooltip("n:Q", title="runs"), alt.Tooltip("warn:N")]  # fmt: skip
+        cbase = alt.Chart(store.add(ci)).encode(**ci_enc)
+        layers.append(
+            cbase.mark_rule(color="black", strokeWidth=2).encode(
+                y="low:Q", y2="high:Q", tooltip=tip
+            )
+        )
+        layers.append(
+            cbase.mark_tick(color="black", thickness=2, size=16).encode(y="mean:Q", tooltip=tip)
+        )
     width = max(220, 70 * len(splits) * (df["point"].nunique() if multi else 1))
-    return alt.layer(box, dots).properties(
-        width=width, height=260, title=f"{metric} per split across seeds (one dot per seed)"
+    subtitle = [
+        "black: mean with 95% bootstrap interval" + ("; box: min-max" if show_range else "")
+    ]
+    if intervals is not None and (intervals["warn"] != "").any():
+        subtitle.append("fewer than 10 seeds behind some means (n<10): indicative only")
+    if definition:
+        subtitle.append(f"{metric}: {definition}")
+    title = alt.TitleParams(
+        f"{metric} per split across seeds (one dot per seed)", subtitle=subtitle
     )
+    return alt.layer(*layers).properties(width=width, height=260, title=title)
 
 
 def _line(df: pd.DataFrame, fits: dict[str, Regression]) -> pd.DataFrame:
@@ -245,19 +286,20 @@ def _curve_panel(
     per_seed: pd.DataFrame | None,
     metric: str,
     color: alt.Color,
-    title: str,
+    title: str | alt.TitleParams,
+    unit: str = "step",
 ) -> TopChart:
-    """Bands (min-max), mean lines and selectable per-seed lines of one curve panel."""
-    cols = [c for c in ("point", "split", "step", "mean", "min", "max", "count") if c in agg]
-    base = alt.Chart(store.add(agg[cols])).encode(x=alt.X("step:Q", title="step"), color=color)
-    band = base.mark_area(opacity=0.18).encode(y=alt.Y("min:Q", title=metric), y2="max:Q")
+    """Bands (``low``-``high``), mean lines and selectable per-seed lines of one curve panel."""
+    cols = [c for c in ("point", "split", "step", "mean", "low", "high", "count") if c in agg]
+    base = alt.Chart(store.add(agg[cols])).encode(x=alt.X("step:Q", title=unit), color=color)
+    band = base.mark_area(opacity=0.18).encode(y=alt.Y("low:Q", title=metric), y2="high:Q")
     tooltip: list[Any] = [
         alt.Tooltip("point:N", title="point"),
         "split:N",
-        "step:Q",
+        alt.Tooltip("step:Q", title=unit),
         alt.Tooltip("mean:Q", format=".4g"),
-        alt.Tooltip("min:Q", format=".4g"),
-        alt.Tooltip("max:Q", format=".4g"),
+        alt.Tooltip("low:Q", format=".4g", title="band low"),
+        alt.Tooltip("high:Q", format=".4g", title="band high"),
     ]
     if "count" in agg:
         tooltip.append(alt.Tooltip("count:Q", title="seeds"))
@@ -270,7 +312,7 @@ def _curve_panel(
             alt.Chart(store.add(s))
             .mark_line(strokeWidth=1.5)
             .encode(
-                x="step:Q",
+                x=alt.X("step:Q", title=unit),
                 y="value:Q",
                 color=color,
                 detail=["trial_id:N", "seed:N"],
@@ -291,31 +333,46 @@ def learning_curves(
     splits: Sequence[str],
     *,
     per_row: int = 3,
+    band: str = "95% bootstrap band",
+    unit: str = "step",
+    definition: str | None = None,
 ) -> TopChart:
-    """Mean of ``metric`` over seeds with a min-max band, per split and grid point.
+    """Mean of ``metric`` over a fixed set of seeds with a band, per split and grid point.
+
+    ``band`` names what ``low``-``high`` is (e.g. ``95% bootstrap band`` or ``min-max``);
+    ``unit``: what the x axis counts (``step``, or ``epoch``); ``definition``: the
+    metric's definition, shown under the title.
 
     One grid point: one panel, one band per split. Several grid points: one panel per
     split (``per_row`` to a row) with one band per point on a shared y axis, so points
     (e.g. ``task.setting`` A and B) are compared at each step on the same axes.
 
-    ``agg``: columns point, split, step, mean, min, max, and optionally count (seeds at
-    that step); one row per (point, split, step). ``per_seed`` (optional): columns
+    ``agg``: columns point, split, step (the x value, in ``unit``), mean, low, high, and
+    optionally count (seeds at that step); one row per (point, split, step). ``per_seed`` (optional): columns
     trial_id, point, seed, split, step, value; drawn as thin lines that appear when their
     seed is selected.
     """
     points = sorted(set(agg["point"]))
     if len(points) == 1:
         color = alt.Color("split:N", sort=list(splits), title="split")
-        title = f"{metric} learning curves: mean and min-max over seeds"
-        return _curve_panel(store, agg, per_seed, metric, color, title)
+        sub = [definition] if definition else []
+        title = alt.TitleParams(
+            f"{metric} learning curves: mean and {band} over seeds", subtitle=sub
+        )
+        return _curve_panel(store, agg, per_seed, metric, color, title, unit)
     color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point")
     shown = [s for s in splits if s in set(agg["split"])]
     shown += sorted(set(agg["split"]) - set(shown))
     panels: list[Any] = []
     for split in shown:
         seeds = None if per_seed is None else per_seed[per_seed["split"] == split]
-        title = f"{split} {metric}: mean and min-max over seeds, per grid point"
-        panels.append(_curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title))
+        title = alt.TitleParams(
+            f"{split} {metric}: mean and {band}, per grid point",
+            subtitle=[definition] if definition and not panels else [],
+        )
+        panels.append(
+            _curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title, unit)
+        )
     with merging_selections():
         rows = [
             alt.hconcat(*panels[i : i + per_row]).resolve_scale(y="shared", color="shared")
@@ -526,3 +583,75 @@ def decision_boundary(
             facet=alt.Facet("seed:O", title="seed"), columns=max(1, min(columns, n_seeds))
         )
     return chart.properties(title=title)
+
+
+def improvement_chart(
+    store: ChartData, comparisons: pd.DataFrame, split: str, metric: str
+) -> TopChart:
+    """rliable-style probability of improvement: one bar per config pair, P(a run of
+    ``better`` beats one of ``worse``) with its 95% bootstrap interval, on [0, 1].
+
+    ``comparisons``: rows of :func:`analysis.verdict.compare_configs` for one split
+    (columns better, worse, a12, a12_low, a12_high, p_holm, warn).
+    """
+    df = comparisons[["better", "worse", "a12", "a12_low", "a12_high", "p_holm", "warn"]].copy()
+    df["pair"] = df["better"].astype(str) + " vs " + df["worse"].astype(str)
+    y = alt.Y("pair:N", sort=list(df["pair"]), title=None)
+    scale = alt.Scale(domain=[0, 1])
+    tip = ["pair:N", alt.Tooltip("a12:Q", format=".3f", title="P(improvement)"),
+           alt.Tooltip("a12_low:Q", format=".3f", title="95% low"),
+           alt.Tooltip("a12_high:Q", format=".3f", title="95% high"),
+           alt.Tooltip("p_holm:Q", format=".2g", title="Holm p"), "warn:N"]  # fmt: skip
+    base = alt.Chart(store.add(df)).encode(y=y)
+    bars = base.mark_bar(height=10, opacity=0.35, color="#4c78a8").encode(
+        x=alt.X("a12_low:Q", scale=scale, title="P(X > Y)"), x2="a12_high:Q", tooltip=tip
+    )
+    dots = base.mark_point(filled=True, color="black", size=50).encode(x="a12:Q", tooltip=tip)
+    half = alt.Chart(store.add(pd.DataFrame({"x": [0.5]}))).mark_rule(
+        strokeDash=[4, 3], color="#999"
+    )
+    title = alt.TitleParams(
+        f"Probability of improvement: {split} {metric}",
+        subtitle=["P(a run of X beats a run of Y), 95% bootstrap interval; 0.5: no difference"],
+    )
+    return alt.layer(half.encode(x="x:Q"), bars, dots).properties(
+        width=300, height=max(60, 26 * len(df)), title=title
+    )
+
+
+def performance_profile_chart(
+    store: ChartData, profile: pd.DataFrame, split: str, metric: str, *, higher_is_better: bool
+) -> TopChart:
+    """rliable-style performance profile: per config, the fraction of runs scoring above
+    tau (below, for a loss) against tau. ``profile``: columns point, tau, fraction
+    (:func:`analysis.bands.performance_profile`)."""
+    word = "above" if higher_is_better else "below"
+    chart = (
+        alt.Chart(store.add(profile))
+        .mark_line(interpolate="step-after" if higher_is_better else "step-before")
+        .encode(
+            x=alt.X("tau:Q", title=f"{split} {metric} threshold tau", scale=alt.Scale(zero=False)),
+            y=alt.Y("fraction:Q", title=f"fraction of runs {word} tau", scale=alt.Scale(domain=[0, 1])),
+            color=alt.Color("point:N", title="grid point"),
+            tooltip=[alt.Tooltip("point:N"), alt.Tooltip("tau:Q", format=".4g"),
+                     alt.Tooltip("fraction:Q", format=".3f")],
+        )
+    )  # fmt: skip
+    return chart.properties(
+        width=300, height=220, title=f"Performance profile: {split} {metric} (runs per config)"
+    )
+
+
+def header_chart(lines: Sequence[str], *, width: int = 700) -> TopChart:
+    """The report's header as text marks, placed above the charts in PNG/SVG/PDF exports."""
+    df = pd.DataFrame({"i": range(len(lines)), "text": list(lines)})
+    return (
+        alt.Chart(alt.InlineData(values=df.to_dict(orient="records")))
+        .mark_text(align="left", baseline="top", fontSize=12, limit=width * 2)
+        .encode(
+            x=alt.value(0),
+            y=alt.Y("i:O", axis=None),
+            text="text:N",
+        )
+        .properties(width=width, height=16 * len(lines))
+    )

@@ -4,7 +4,8 @@
 ``trials``, ``runs``, ``metrics``, ``evals`` and ``predictions``:
 
 * files are ``OUT/tables/<table>/study=<NAME>/*.parquet`` (names starting with ``.`` or
-  ``_`` - temporary files of an atomic write - are skipped); columns are united by name
+  ``_`` - temporary files of an atomic write - are skipped); a file without a ``study``
+  column takes it from its ``study=<NAME>`` folder; columns are united by name
   (a column missing from a file reads as NULL; differing numeric types widen; otherwise
   text), and every documented column (:mod:`analysis.schema`) exists even when no file
   has it, so an empty results folder gives empty, typed views;
@@ -134,7 +135,17 @@ def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset 
                 "(or re-run that trial to rewrite it), then retry"
             ) from e
     schema = _no_null_types(_unify(schemas))
-    return ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+    # The ``study=<NAME>`` folder names the study: files that leave out the ``study``
+    # column (so pandas and polars read the hive folder without a clash) get it from there.
+    part = ds.partitioning(pa.schema([("study", pa.string())]), flavor="hive")
+    root = str(Path(out) / "tables" / table)
+    return ds.dataset(
+        [str(f) for f in files],
+        schema=schema,
+        format="parquet",
+        partitioning=part,
+        partition_base_dir=root,
+    )
 
 
 def connect(
@@ -318,3 +329,34 @@ def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
     for c in ("planned", "done", "ok", "failed", "diverged"):
         df[c] = df[c].astype("Int64")
     return format_frame(df, fmt)
+
+
+def outside_views_sql(out: Path | str) -> str:
+    """DuckDB SQL that opens ``out``'s tables as views showing committed rows only, for a
+    reader outside fineline (``duckdb -init views.sql`` or pasted into the DuckDB CLI).
+
+    The same rule as :func:`connect`: ``metrics``, ``evals`` and ``predictions`` rows count
+    only when their ``(study, trial_id, seed)`` has a ``runs`` row (the commit marker);
+    ``runs`` keeps the latest commit per run. Temporary files of an atomic write end in
+    ``.tmp`` and are not matched by ``*.parquet``. The study comes from the ``study=``
+    folder (``hive_partitioning``), so files with or without a ``study`` column both read.
+    """
+    root = str(Path(out) / "tables").replace("'", "''")
+
+    def scan(t: str) -> str:
+        return (
+            f"read_parquet('{root}/{t}/study=*/*.parquet', hive_partitioning = true, "
+            "union_by_name = true)"
+        )
+
+    lines = [
+        f"CREATE OR REPLACE VIEW trials AS SELECT * FROM {scan('trials')};",
+        f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {scan('runs')} QUALIFY row_number() "
+        "OVER (PARTITION BY study, trial_id, seed ORDER BY committed_at DESC NULLS LAST) = 1;",
+    ]
+    for t in ("metrics", "evals", "predictions"):
+        lines.append(
+            f"CREATE OR REPLACE VIEW {t} AS SELECT t.* FROM {scan(t)} AS t SEMI JOIN runs AS r "
+            "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed;"
+        )
+    return "\n".join(lines) + "\n"

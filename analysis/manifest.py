@@ -15,6 +15,8 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
   (the primary metric and the loss are always drawn);
 * ``test_splits``: the splits whose seed-by-seed correlations to report (default: every
   split with role ``test``);
+* ``metric_definitions``: ``{metric: "what it measures"}`` - drawn under every chart of
+  that metric and in the report's verdict;
 * ``primary_metric``: the metric of the distribution chart and summaries (default
   ``accuracy`` when present);
 * ``decision_boundary``: ``{"grid": [low, high, n], "split"?: "grid", "metric"?: "p_y1",
@@ -91,6 +93,8 @@ class Declarations:
     primary_metric: str | None = None
     decision_boundary: BoundaryDecl | None = None
     curve_metrics: tuple[str, ...] = ()
+    metric_definitions: dict[str, str] = field(default_factory=dict)
+    """metric name -> what it measures, as the task declares it (shown where it is drawn)."""
     unknown: tuple[str, ...] = ()
 
 
@@ -303,6 +307,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     test_splits: tuple[str, ...] = ()
     boundary: BoundaryDecl | None = None
     curve_metrics: list[str] = []
+    definitions: dict[str, str] = {}
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -336,6 +341,8 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
             boundary = _boundary(value, key, unknown)
         elif key == "primary_metric":
             pass
+        elif key == "metric_definitions" and isinstance(value, dict):
+            definitions = {str(k): str(v) for k, v in value.items()}
         else:
             unknown.append(str(key))
     primary = decl.get("primary_metric")
@@ -347,5 +354,6 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         primary_metric=None if primary is None else str(primary),
         decision_boundary=boundary,
         curve_metrics=tuple(dict.fromkeys(curve_metrics)),
+        metric_definitions=definitions,
         unknown=tuple(unknown),
     )

@@ -1,17 +1,23 @@
-"""``study report``: one self-contained HTML page of a study's charts (or PNG/SVG files).
+"""``study report``: one self-contained HTML page of a study's charts (or PNG/SVG/PDF).
 
 The page inlines the Vega, Vega-Lite and vega-embed JavaScript that vl-convert-python
-ships (no CDN is needed or contacted), a short header (study, task, model, config,
-seeds, git SHA, dates) and one Vega-Lite view holding every chart, so a seed clicked in
-one chart is highlighted in all of them.
+ships (no CDN is needed or contacted), a short header (study, task, model, runs, seeds,
+git SHA, dates), the verdict (:mod:`analysis.verdict`: does the config or the seed
+decide?), the resolved config per grid point, and one Vega-Lite view holding every
+chart, so a seed clicked in one chart is highlighted in all of them.
 
-Charts: per-split distribution of the primary metric across seeds; the seed scatter
-between two test splits (declared, else the first two) with fitted line and Pearson r
-with its bootstrap interval; learning curves (mean and min-max band over seeds) of the
-primary metric and the loss, with one band per grid point in a panel per split when the
-study has several points; the decision surface per seed of a task that declares
-``decision_boundary`` (heatmap with its 0.5 contour); for tuning studies the objective by trial and against each
-``param_*``; the task's declared histograms and regressions.
+Charts: per-split distribution of the primary metric across seeds (one dot per seed, the
+mean with its 95% bootstrap interval); for a grid, rliable-style probability of
+improvement and performance profile on the headline split; the seed scatter between two
+test splits (declared, else the first two) with fitted line and Pearson r with its
+bootstrap interval; learning curves against the unit training used (epoch or step),
+mean and 95% bootstrap band over a fixed set of seeds (min-max with ``band="minmax"``),
+with one band per grid point in a panel per split when the study has several points;
+the decision surface per seed of a task that declares ``decision_boundary`` (heatmap
+with its 0.5 contour); for tuning studies the objective by trial and against each
+``param_*``; the task's declared histograms and regressions. Runs that are not ``ok``
+(diverged, not_learned) are left out of means and bands and counted in the verdict.
+Each metric's definition (declared by the task) is written under its charts.
 
 :func:`write_report` is the one-call entry point; :func:`build_report` returns a
 :class:`Report` that can be saved in several formats without recomputing it.
@@ -31,8 +37,9 @@ from typing import Any
 
 import altair as alt
 
-from analysis import charts
+from analysis import bands, charts
 from analysis import queries as q
+from analysis import verdict as vd
 from analysis.analyze import analyze, declared_regressions, scatter_data
 from analysis.boundary import boundary_data, point_grids
 from analysis.context import StudyContext, axis_label, open_study
@@ -51,7 +58,13 @@ MAX_CURVE_POINTS = 6
 MAX_BOUNDARY_SEEDS = 12
 """Decision-boundary panels drawn per grid point (the lowest seed indices)."""
 
-IMAGE_SUFFIXES = (".png", ".svg")
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+GENERIC_DEFINITIONS = {
+    "accuracy": "fraction of examples the model gets right (generic; the task declared no definition)",
+    "loss": "the training objective averaged over the split's examples (generic; the task declared no definition)",
+}
+"""Shown where a metric is drawn when the task declares no ``metric_definitions``."""
 
 
 @contextmanager
@@ -81,26 +94,77 @@ class Panel:
     wide: bool = False
 
 
-def _curves(ctx: StudyContext, store: charts.ChartData, metric: str) -> Panel:
+def definition(ctx: StudyContext, metric: str) -> str | None:
+    """What ``metric`` measures: the task's declaration, else a generic line, else None."""
+    declared = ctx.manifest.declarations.metric_definitions if ctx.manifest else {}
+    return declared.get(metric) or GENERIC_DEFINITIONS.get(metric)
+
+
+def _ok_runs(ctx: StudyContext) -> set[tuple[str, int]]:
+    runs = q.run_seeds(ctx.con, ctx.name)
+    ok = runs[runs["status"].fillna("ok") == "ok"]
+    return set(zip(ok["trial_id"], ok["seed"].astype(int), strict=True))
+
+
+def _curves(
+    ctx: StudyContext,
+    store: charts.ChartData,
+    metric: str,
+    ok: set[tuple[str, int]],
+    *,
+    band: str = "ci",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Panel:
     per_seed = q.curve_values(ctx.con, ctx.name, metric, labels=ctx.labels)
+    keep = [(t, int(s)) in ok for t, s in zip(per_seed["trial_id"], per_seed["seed"], strict=True)]
+    if not all(keep):
+        ctx.notes.append(f"{metric} curves: runs not ok (diverged, not_learned...) left out")
+        per_seed = per_seed[keep]
+    unit = "step"
+    per_run = per_seed.groupby(["trial_id", "seed", "split"])
+    if (
+        per_seed["epoch"].notna().all()
+        and (per_run["epoch"].nunique() == per_run["step"].nunique()).all()
+    ):
+        per_seed = per_seed.assign(step=per_seed["epoch"])
+        unit = "epoch"
     if per_seed["point"].nunique() > MAX_CURVE_POINTS:
         ctx.notes.append(
             f"{metric} curves: {per_seed['point'].nunique()} grid points pooled into one band "
             f"(more than {MAX_CURVE_POINTS})"
         )
         per_seed["point"] = "all trials"
-    agg = (
-        per_seed.groupby(["point", "split", "step"], sort=False)["value"]
-        .agg(["mean", "min", "max", "count"])
-        .reset_index()
-        .sort_values(["point", "split", "step"], kind="stable")
-    )
+    agg, notes = bands.curve_bands(per_seed, band=band, n_boot=n_boot, seed=seed)
+    ctx.notes.extend(f"{metric} curves: {n}" for n in notes)
+    name = "95% bootstrap band of the mean" if band == "ci" else "min-max band"
+    args = dict(band=name, unit=unit, definition=definition(ctx, metric))
     if len(per_seed) > MAX_SEED_CURVE_ROWS:
         ctx.notes.append(f"{metric} curves: per-seed lines left out ({len(per_seed)} rows)")
-        chart = charts.learning_curves(store, agg, None, metric, ctx.splits)
+        chart = charts.learning_curves(store, agg, None, metric, ctx.splits, **args)  # type: ignore[arg-type]
     else:
-        chart = charts.learning_curves(store, agg, per_seed, metric, ctx.splits)
+        chart = charts.learning_curves(store, agg, per_seed, metric, ctx.splits, **args)  # type: ignore[arg-type]
     return Panel(f"curves-{metric}", chart, wide=agg["point"].nunique() > 1)
+
+
+def _verdict_charts(ctx: StudyContext, store: charts.ChartData, v: vd.Verdict) -> list[Panel]:
+    """rliable-style probability of improvement and performance profile (a grid verdict)."""
+    if v.design != "grid" or v.metric is None:
+        return []
+    split = v.splits[0]
+    out = []
+    cmp = v.comparisons[v.comparisons["split"] == split]
+    if not cmp.empty:
+        out.append(Panel("improvement", charts.improvement_chart(store, cmp, split, v.metric)))
+    e = ctx.evals
+    vals = e[(e["split"] == split) & (e["metric"] == v.metric) & (e["status"].fillna("ok") == "ok")]
+    prof = bands.performance_profile(vals, higher_is_better=v.higher_is_better)
+    if not prof.empty:
+        chart = charts.performance_profile_chart(
+            store, prof, split, v.metric, higher_is_better=v.higher_is_better
+        )
+        out.append(Panel("performance-profile", chart))
+    return out
 
 
 def _boundary(ctx: StudyContext, store: charts.ChartData) -> Panel | None:
@@ -136,38 +200,40 @@ def _boundary(ctx: StudyContext, store: charts.ChartData) -> Panel | None:
 
 
 def _maximize(ctx: StudyContext) -> bool:
-    """Tuning direction from the manifest (``objective.direction``, ``direction``, or the
-    config's ``tune.direction``/``tune.mode``), default maximize."""
-    m = ctx.manifest
-    if m is None:
-        return True
-    found = m.config.get("tune")
-    tune: dict[str, Any] = found if isinstance(found, dict) else {}
-    objective = m.raw.get("objective")
-    for value in (
-        objective.get("direction") if isinstance(objective, dict) else None,
-        m.raw.get("direction"),
-        m.raw.get("mode"),
-        tune.get("direction"),
-        tune.get("mode"),
-    ):
-        if isinstance(value, str):
-            return not value.lower().startswith("min")
-    return True
+    """Tuning direction from the manifest (see :func:`analysis.verdict.maximize`)."""
+    return vd.maximize(ctx.manifest)
 
 
 def build_charts(
-    ctx: StudyContext, store: charts.ChartData, *, n_boot: int = 2000, seed: int = 0
+    ctx: StudyContext,
+    store: charts.ChartData,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    band: str = "ci",
+    verdict: vd.Verdict | None = None,
 ) -> list[Panel]:
-    """The study's charts, in page order (see the module docstring); rows go to ``store``."""
+    """The study's charts, in page order (see the module docstring); rows go to ``store``.
+
+    ``band``: ``ci`` (95% bootstrap bands of the mean) or ``minmax`` (range over seeds,
+    and min-max boxes beside the per-split dots)."""
+    if band not in bands.BANDS:
+        raise AnalysisError(f"band {band!r} is not one of {', '.join(bands.BANDS)}")
     out: list[Panel] = []
     e = ctx.evals
     if ctx.primary is not None:
         shown = [s for s in ctx.splits if ctx.roles.get(s) != "train"] or ctx.splits
         values = e[(e["metric"] == ctx.primary) & e["split"].isin(shown)]
-        chart = charts.split_distribution(store, values, ctx.primary, shown, multi=ctx.multi)
+        values = values[values["status"].fillna("ok") == "ok"]
+        ci = bands.split_intervals(values, n_boot=n_boot, seed=seed)
+        chart = charts.split_distribution(
+            store, values, ctx.primary, shown, multi=ctx.multi, intervals=ci,
+            show_range=band == "minmax", definition=definition(ctx, ctx.primary),
+        )  # fmt: skip
         n_points = values["point"].nunique()
         out.append(Panel("distribution", chart, wide=len(shown) * n_points > 6))
+    if verdict is not None:
+        out += _verdict_charts(ctx, store, verdict)
     sc = scatter_data(ctx, n_boot=n_boot, seed=seed)
     if sc is not None and ctx.scatter is not None and not sc[0].empty:
         pairs, fits, corrs = sc
@@ -178,8 +244,9 @@ def build_charts(
     curve_metrics = q.metrics_of(ctx.con, ctx.name, "metrics")
     declared = ctx.manifest.declarations.curve_metrics if ctx.manifest else ()
     wanted = dict.fromkeys([ctx.primary, *declared, "loss"])
+    ok = _ok_runs(ctx)
     for metric in [m for m in wanted if m in curve_metrics]:
-        out.append(_curves(ctx, store, metric))
+        out.append(_curves(ctx, store, metric, ok, band=band, n_boot=min(n_boot, 1000), seed=seed))
     boundary = _boundary(ctx, store)
     if boundary is not None:
         out.append(boundary)
@@ -279,7 +346,7 @@ def _script_json(obj: Any) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def _header(ctx: StudyContext) -> str:
+def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
     m = ctx.manifest
     info = next(iter(list_studies(ctx.out, only=[ctx.name])), None)
     rows: list[tuple[str, str]] = [("study", ctx.name), ("kind", ctx.kind)]
@@ -287,11 +354,13 @@ def _header(ctx: StudyContext) -> str:
     rows += [("model", (m and m.model) or (info and info.model) or "?")]
     if info:
         planned = "?" if info.planned is None else str(info.planned)
+        other = info.done - info.ok - info.failed - info.diverged
         rows.append(
             (
                 "runs",
                 f"{info.done} done of {planned} planned: {info.ok} ok, "
-                f"{info.failed} failed, {info.diverged} diverged",
+                f"{info.failed} failed, {info.diverged} diverged"
+                + (f", {other} other (not_learned...), left out of every number" if other else ""),
             )
         )
     if m and m.seeds is not None:
@@ -304,19 +373,137 @@ def _header(ctx: StudyContext) -> str:
     if m and m.tuned_from:
         rows.append(("tuned from", json.dumps(m.tuned_from)))
     rows.append(("report written", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")))
-    cells = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    return rows
+
+
+def resolved_configs(ctx: StudyContext) -> dict[str, Any]:
+    """Per grid point, the resolved config (every default filled in) the trials ran with,
+    from ``trials.config_json``; empty when the trials table has none."""
+    rows = ctx.con.execute(
+        "SELECT trial_id, any_value(config_json ORDER BY started_at) FROM trials "
+        "WHERE study = ? GROUP BY trial_id ORDER BY trial_id",
+        [ctx.name],
+    ).fetchall()
+    out: dict[str, Any] = {}
+    for tid, text in rows:
+        if not text:
+            continue
+        try:
+            out[ctx.labels.get(tid, tid)] = json.loads(text)
+        except ValueError:
+            continue
+    return out
+
+
+def _html_table(df: Any, cols: list[tuple[str, str]], cls: str = "verdict") -> str:
+    """``df``'s ``cols`` (column, heading) as an HTML table; floats to 3 significant digits."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if v != v else f"{v:.3g}"
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{cell(r[c])}</td>" for c, _ in cols) + "</tr>"
+        for _, r in df.iterrows()
     )
-    config = html.escape(json.dumps(m.config if m else {}, indent=2, sort_keys=True))
+    return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
+
+
+def _share_text(a: float, lo: float, hi: float) -> str:
+    return f"{vd.pct(a)}% [{vd.pct(lo)}, {vd.pct(hi)}]"
+
+
+def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
+    """The verdict section at the top of the report (id ``verdict``)."""
+    parts = ["<section id='verdict'><h2>Verdict: does the config or the seed decide?</h2>"]
+    parts.append(f"<p class='sentence'>{html.escape(v.sentence)}</p>")
+    if definition_text and v.metric:
+        parts.append(f"<p class='hint'>{html.escape(v.metric)}: {html.escape(definition_text)}</p>")
+    if v.reason:
+        parts.append(f"<p class='hint'>Model: {html.escape(v.reason)}.</p>")
+    if not v.shares.empty:
+        t = v.shares.assign(
+            share=[_share_text(a, b, c) for a, b, c in v.shares[["between", "low", "high"]].to_numpy()],
+            icc=[_share_text(a, b, c) for a, b, c in v.shares[["icc1", "icc1_low", "icc1_high"]].to_numpy()],
+            seeds=v.shares["seeds_share"].map(lambda x: f"{vd.pct(x)}%"),
+        )  # fmt: skip
+        parts.append(_html_table(t, [("split", "split"), ("configs", "configs"), ("seeds_min", "seeds (fewest)"),
+                                     ("share", "between configs (omega², 95%)"), ("seeds", "seeds"),
+                                     ("icc", "ICC(1), 95%"), ("p", "p (F test)"), ("warn", "warning")]))  # fmt: skip
+    if not v.sources.empty:
+        t = v.sources.assign(
+            share=[
+                _share_text(a, b, c) for a, b, c in v.sources[["share", "low", "high"]].to_numpy()
+            ]
+        )
+        parts.append("<p>Seed variance by seed source (configs that varied one source each):</p>")
+        parts.append(_html_table(t, [("source", "source"), ("runs", "runs"), ("var", "variance"),
+                                     ("share", "share (95% bootstrap)"), ("warn", "warning")]))  # fmt: skip
+    if not v.comparisons.empty:
+        c = v.comparisons.assign(
+            diff_ci=[f"{a:.3g} [{b:.3g}, {d:.3g}]" for a, b, d in v.comparisons[["diff", "diff_low", "diff_high"]].to_numpy()],
+            a12_ci=[f"{a:.2f} [{b:.2f}, {d:.2f}]" for a, b, d in v.comparisons[["a12", "a12_low", "a12_high"]].to_numpy()],
+        )  # fmt: skip
+        parts.append(
+            "<p>Config vs config (95% bootstrap intervals; p: Welch, Holm-adjusted over all rows):</p>"
+        )
+        parts.append(_html_table(c, [("split", "split"), ("better", "better"), ("worse", "worse"),
+                                     ("diff_ci", "difference of means"), ("hedges_g", "Hedges g"),
+                                     ("a12_ci", "P(improvement)"), ("p_holm", "Holm p"), ("warn", "warning")]))  # fmt: skip
+    if not v.expected_max.empty:
+        em = v.expected_max
+        ns = sorted({1, *[2**i for i in range(1, 12) if 2**i < len(em)], len(em)})
+        parts.append("<p>Expected best objective vs number of candidates (Dodge et al. 2019):</p>")
+        parts.append(_html_table(em[em["n"].isin(ns)], [("n", "candidates"), ("expected_best", "expected best"), ("std", "std")]))  # fmt: skip
+    ex = v.excluded
+    if not ex.empty and (ex["ok"] < ex["runs"]).any():
+        t = ex.assign(
+            share=[
+                _share_text(a, b, c) for a, b, c in ex[["excluded_share", "low", "high"]].to_numpy()
+            ]
+        )
+        parts.append("<p>Runs left out of every number (share with 95% Wilson interval):</p>")
+        parts.append(_html_table(t, [("point", "config"), ("runs", "runs"), ("ok", "ok"), ("not_learned", "never learned"),
+                                     ("diverged", "diverged"), ("other", "other"), ("share", "left out")]))  # fmt: skip
+    parts += [f"<p class='warning'>warning: {html.escape(w)}</p>" for w in v.warnings]
+    return "".join(parts) + "</section>"
+
+
+def _header(ctx: StudyContext, v: vd.Verdict | None = None) -> str:
+    m = ctx.manifest
+    cells = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in _header_rows(ctx)
+    )
+    resolved = resolved_configs(ctx)
+    if resolved:
+        config = html.escape(json.dumps(resolved, indent=2, sort_keys=True))
+        what = "resolved config per grid point (every default filled in, as the trials ran)"
+    else:
+        config = html.escape(json.dumps(m.config if m else {}, indent=2, sort_keys=True))
+        what = "config as written in the study file (the trials table holds no resolved config)"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in ctx.notes)
     return (
         f"<h1>fineline study report: {html.escape(ctx.name)}</h1>"
         f"<table class='meta'>{cells}</table>"
-        f"<details><summary>resolved config</summary><pre>{config}</pre></details>"
+        + (verdict_html(v, definition(ctx, v.metric) if v.metric else None) if v else "")
+        + f"<details><summary>{what}</summary><pre>{config}</pre></details>"
         + (f"<p>Notes:</p><ul class='notes'>{notes}</ul>" if notes else "")
         + "<p class='hint'>Hover a dot for its seed and trial; click a dot to highlight that "
         "seed in every chart, double-click to clear.</p>"
     )
+
+
+def header_lines(ctx: StudyContext, v: vd.Verdict | None = None) -> tuple[str, ...]:
+    """The header as plain lines for image exports: title, metadata, the verdict sentence
+    and warnings."""
+    lines = [f"fineline study report: {ctx.name}"]
+    lines += [f"{k}: {val}" for k, val in _header_rows(ctx)]
+    if v is not None:
+        lines += [f"verdict: {v.sentence}", *[f"warning: {w}" for w in v.warnings]]
+    return tuple(lines)
 
 
 _STYLE = """
@@ -325,6 +512,12 @@ h1 { font-size: 20px; margin: 0 0 12px; }
 table.meta { border-collapse: collapse; font-size: 13px; margin-bottom: 8px; }
 table.meta th { text-align: left; padding: 2px 12px 2px 0; color: #555; font-weight: 600; }
 table.meta td { padding: 2px 0; }
+#verdict { border: 1px solid #ccc; padding: 8px 14px; margin: 12px 0; max-width: 1200px; }
+#verdict h2 { font-size: 16px; margin: 4px 0 8px; }
+#verdict .sentence { font-size: 15px; font-weight: 600; }
+table.verdict { border-collapse: collapse; font-size: 12px; margin: 4px 0 10px; }
+table.verdict th, table.verdict td { border-bottom: 1px solid #e4e4e4; padding: 2px 8px; text-align: left; }
+.warning { color: #a15c00; font-size: 13px; }
 details pre { font-size: 12px; background: #f6f6f6; padding: 8px; max-height: 320px; overflow: auto; }
 .hint, .notes { font-size: 13px; color: #555; }
 """
@@ -363,11 +556,11 @@ vegaEmbed("#charts", spec, {{ renderer: "svg", actions: {{ export: true, source:
 
 
 def check_target(target: Path) -> None:
-    """Raise :class:`AnalysisError` unless ``target`` is a .html/.png/.svg path or a folder."""
+    """Raise :class:`AnalysisError` unless ``target`` is a .html/.png/.svg/.pdf path or a folder."""
     suffix = target.suffix.lower()
     if not (target.is_dir() or suffix in ("", ".html", ".htm", *IMAGE_SUFFIXES)):
         raise AnalysisError(
-            f"cannot write a report to {target}: use a .html, .png or .svg file or a directory"
+            f"cannot write a report to {target}: use a .html, .png, .svg or .pdf file or a directory"
         )
 
 
@@ -380,10 +573,18 @@ class Report:
     """The page header (HTML)."""
     panels: tuple[Panel, ...]
     store: charts.ChartData
+    header_lines: tuple[str, ...] = ()
+    """The header as text lines, drawn above the charts in PNG/SVG/PDF exports."""
+    verdict: vd.Verdict | None = None
 
     def spec(self) -> dict[str, Any]:
         """Every chart in one Vega-Lite spec (see :func:`page_spec`)."""
         return page_spec(list(self.panels), self.store)
+
+    def image_spec(self) -> dict[str, Any]:
+        """:meth:`spec` with the header (metadata, verdict sentence, warnings) above it."""
+        top = [Panel("header", charts.header_chart(self.header_lines), wide=True)]
+        return page_spec(top + list(self.panels), self.store)
 
     def html(self) -> str:
         return render_html(self.study, self.header, self.spec())
@@ -405,18 +606,29 @@ class Report:
             return to
         to.parent.mkdir(parents=True, exist_ok=True)
         if suffix == ".png":
-            to.write_bytes(vlc.vegalite_to_png(self.spec(), vl_version=_vl_version(), scale=1.5))
+            png = vlc.vegalite_to_png(self.image_spec(), vl_version=_vl_version(), scale=1.5)
+            to.write_bytes(png)
         elif suffix == ".svg":
-            to.write_text(vlc.vegalite_to_svg(self.spec(), vl_version=_vl_version()))
+            to.write_text(vlc.vegalite_to_svg(self.image_spec(), vl_version=_vl_version()))
+        elif suffix == ".pdf":
+            to.write_bytes(vlc.vegalite_to_pdf(self.image_spec(), vl_version=_vl_version()))
         else:
             to.write_text(self.html(), encoding="utf-8")
         return to
 
 
 def build_report(
-    out: Path, study: str, *, n_boot: int = 2000, seed: int = 0, quiet: bool = False
+    out: Path,
+    study: str,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    quiet: bool = False,
+    band: str = "ci",
 ) -> Report:
-    """Load ``study`` from ``out`` and build its charts (statistics included).
+    """Load ``study`` from ``out`` and build its verdict and charts (statistics included).
+
+    ``band``: ``ci`` (95% bootstrap bands of means) or ``minmax`` (see :func:`build_charts`).
 
     Raises :class:`AnalysisError` for an unknown study or one without committed evals.
     """
@@ -430,10 +642,18 @@ def build_report(
                     "(see `study ls`) and retry"
                 )
             step("computing statistics and charts")
+            verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
             store = charts.ChartData()
-            panels = build_charts(ctx, store, n_boot=n_boot, seed=seed)
+            panels = build_charts(ctx, store, n_boot=n_boot, seed=seed, band=band, verdict=verdict)
             step("done")
-            return Report(study, _header(ctx), tuple(panels), store)
+            return Report(
+                study,
+                _header(ctx, verdict),
+                tuple(panels),
+                store,
+                header_lines(ctx, verdict),
+                verdict,
+            )
         finally:
             ctx.close()
 
@@ -446,20 +666,23 @@ def write_report(
     n_boot: int = 2000,
     seed: int = 0,
     quiet: bool = False,
+    band: str = "ci",
 ) -> Path:
     """Write the report of ``study`` (results in ``out``) and return where it went.
 
     ``to``: ``None`` -> ``OUT/<study>/report.html``; a ``.html`` path -> that page; a
-    ``.png`` or ``.svg`` path -> every chart in one image (vl-convert); an existing
+    ``.png``, ``.svg`` or ``.pdf`` path -> the header (metadata, verdict sentence,
+    warnings) and every chart in one image or document (vl-convert); an existing
     directory or a path without suffix -> one PNG per chart inside it
     (``00-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
-    ``default_rng(seed)``. Progress goes to stderr unless ``quiet``. Raises
+    ``default_rng(seed)``; ``band``: ``ci`` (95% bootstrap bands of means, the default) or
+    ``minmax``. Progress goes to stderr unless ``quiet``. Raises
     :class:`AnalysisError` for an unknown study, an unknown suffix, or a study without
     any committed evals.
     """
     target = Path(out) / study / "report.html" if to is None else Path(to)
     check_target(target)
-    report = build_report(out, study, n_boot=n_boot, seed=seed, quiet=quiet)
+    report = build_report(out, study, n_boot=n_boot, seed=seed, quiet=quiet, band=band)
     if not quiet:
         from rich.console import Console
 

@@ -224,3 +224,104 @@ def source_variance_shares(
     df["std"] = np.sqrt(df["var"])
     df["share"] = np.where(single & (total > 0), df["var"] / (total if total > 0 else 1), np.nan)
     return df.drop(columns="_k")[["group", "varied", "n", "mean", "var", "std", "share"]]
+
+
+# ---------------------------------------------------------------------------- shares with intervals
+
+
+@dataclass(frozen=True)
+class VarianceShare:
+    """The share of a value's variance that lies between groups (configs), with its interval.
+
+    ``model`` ``fixed``: omega^2 of a one-way fixed-effects ANOVA, the share of the total
+    variance due to differences between *these* configs (a designed grid: the configs are
+    chosen, not drawn). Point estimate ``dfb (F - 1) / (dfb (F - 1) + N)`` (= omega^2);
+    interval by inverting the noncentral F distribution (Steiger 2004): the noncentrality
+    ``lam`` whose F cdf at the observed F is (1 + level) / 2 resp. (1 - level) / 2, mapped to
+    ``lam / (lam + N)``.
+
+    ``model`` ``random``: ICC(1) of a one-way random-effects model (configs drawn at random
+    from a population, e.g. a random search); F-based interval (Shrout & Fleiss 1979,
+    McGraw & Wong 1996).
+
+    Both are clipped to [0, 1] (a negative estimate means "no detectable between-config
+    variance": 0); ``within`` = 1 - ``estimate`` is what the seeds explain.
+    """
+
+    model: str
+    estimate: float
+    low: float
+    high: float
+    level: float
+    method: str
+    n: int
+    n_groups: int
+    k0: float
+    f_stat: float
+    p: float
+    var_between: float
+    var_within: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ncf_lambda(f_obs: float, dfb: int, dfw: int, target: float) -> float:
+    """The noncentrality lam >= 0 with ``ncf.cdf(f_obs, dfb, dfw, lam) == target`` (0 if none)."""
+    from scipy.optimize import brentq
+
+    def g(lam: float) -> float:
+        cdf = sps.f.cdf(f_obs, dfb, dfw) if lam == 0 else sps.ncf.cdf(f_obs, dfb, dfw, lam)
+        return float(cdf) - target
+
+    if g(0.0) <= 0:
+        return 0.0
+    hi = max(10.0, 4 * dfb * f_obs)
+    while g(hi) > 0:
+        hi *= 2
+        if hi > 1e9:
+            return float("inf")
+    return float(brentq(g, 0.0, hi, xtol=1e-10))
+
+
+def variance_share(
+    df: pd.DataFrame,
+    group: str = "trial_id",
+    value: str = "value",
+    *,
+    model: str = "fixed",
+    level: float = 0.95,
+) -> VarianceShare:
+    """Share of the variance of ``value`` between the levels of ``group`` (see :class:`VarianceShare`).
+
+    ``df``: one row per run (N rows), ``group`` the config key. Needs at least 2 groups
+    and within-group replication; NaN otherwise.
+    """
+    if model not in ("fixed", "random"):
+        raise AnalysisError(f"variance_share: model {model!r} is not 'fixed' or 'random'")
+    a = oneway_anova(df, group, value)
+    nan = float("nan")
+    method = "noncentral-F (Steiger 2004)" if model == "fixed" else "F (Shrout & Fleiss 1979)"
+    if np.isnan(a.f_stat):
+        degenerate = a.n_groups >= 2 and a.df_within > 0 and a.ms_within == 0
+        est = (1.0 if a.ms_between > 0 else 0.0) if degenerate else nan
+        return VarianceShare(model, est, est, est, level, "degenerate" if degenerate else method,
+                             a.n, a.n_groups, a.k0, a.f_stat, a.p, a.var_between, a.var_within)  # fmt: skip
+    F, dfb, dfw, N = a.f_stat, a.df_between, a.df_within, a.n
+    if model == "fixed":
+        lam_hat = dfb * (F - 1)
+        est = lam_hat / (lam_hat + N)
+        lam_lo = _ncf_lambda(F, dfb, dfw, (1 + level) / 2)
+        lam_hi = _ncf_lambda(F, dfb, dfw, (1 - level) / 2)
+        low = lam_lo / (lam_lo + N)
+        high = 1.0 if np.isinf(lam_hi) else lam_hi / (lam_hi + N)
+    else:
+        k0 = a.k0
+        est = a.icc1
+        fl = F / sps.f.ppf((1 + level) / 2, dfb, dfw)
+        fu = F * sps.f.ppf((1 + level) / 2, dfw, dfb)
+        low = (fl - 1) / (fl + k0 - 1)
+        high = (fu - 1) / (fu + k0 - 1)
+    clip = lambda v: float(min(1.0, max(0.0, v)))  # noqa: E731
+    return VarianceShare(model, clip(est), clip(low), clip(high), level, method, N, a.n_groups,
+                         a.k0, F, a.p, a.var_between, a.var_within)  # fmt: skip

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from trainables.errors import FinelineError
+from trainables.errors import ConfigError, FinelineError
 
 app = typer.Typer(
     add_completion=False,
@@ -34,7 +38,7 @@ def _fail(message: str, code: int = 2) -> None:
 def _study_name(name: str | None, cfg_name: str | None, field: str = "--name") -> str:
     from study.config import check_name
 
-    chosen = name or cfg_name
+    chosen = cfg_name if name is None else name
     if not chosen:
         _fail("--name: the config has no `name` and none was given. Fix: pass --name NAME")
     return check_name(str(chosen), field)
@@ -97,12 +101,17 @@ def resume(
     if m is None:
         _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
     assert m is not None
+    try:
+        seeds, trials = int(m["seeds"]), int(m.get("tune_trials", 0))
+    except (TypeError, ValueError):
+        raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds / tune_trials)",
+                          "restore it, or re-create it with `study run CONFIG --name NAME`") from None
     if m.get("kind") == "tune":
         from study.tuning import run_tuning
 
-        run_tuning(parse(m["config"], None, m.get("plugin_dir")), name, out, int(m["tune_trials"]), address, num_cpus)
+        run_tuning(parse(m["config"], None, m.get("plugin_dir")), name, out, trials, address, num_cpus)
         return
-    cfg = parse(m["config"], int(m["seeds"]), m.get("plugin_dir"))
+    cfg = parse(m["config"], seeds, m.get("plugin_dir"))
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest={k: m[k] for k in ("tuned_from",) if k in m})
     typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
 
@@ -188,23 +197,30 @@ def sql(
 
 
 @app.command()
-def analyze(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
-    """Seed statistics: summary, correlations between test splits, configured regressions."""
+def analyze(
+    name: Annotated[str, typer.Argument()],
+    out: OutOpt = Path("results"),
+    fmt: Annotated[str, typer.Option("--format", help="table or json (schema: docs/analysis.md).")] = "table",
+    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples per interval.")] = 2000,
+) -> None:
+    """The verdict (does the config or the seed decide?), then seed statistics: summary with
+    bootstrap intervals, correlations between test splits, configured regressions."""
     from analysis.report import analyze as do_analyze
 
-    typer.echo(do_analyze(out, name, fmt))  # type: ignore[arg-type]
+    typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
 
 
 @app.command()
 def report(
     name: Annotated[str, typer.Argument()],
     out: OutOpt = Path("results"),
-    to: Annotated[Path | None, typer.Option("--to", help="HTML file, .png/.svg file, or a folder.")] = None,
+    to: Annotated[Path | None, typer.Option("--to", help="HTML file, .png/.svg/.pdf file, or a folder.")] = None,
+    band: Annotated[str, typer.Option("--band", help="ci (95% bootstrap band of the mean) or minmax.")] = "ci",
 ) -> None:
-    """Write a self-contained HTML report of Altair charts (or PNG/SVG exports)."""
+    """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
     from analysis.report import write_report
 
-    path = write_report(out, name, to)
+    path = write_report(out, name, to, band=band)
     typer.echo(f"report written: {path}")
 
 
@@ -230,18 +246,121 @@ def _format(items: list[Any], fmt: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """Console entry point: user errors print one clear line and exit 2."""
+MAX_ERROR = 800
+"""Longest error line the CLI prints (characters); longer messages are cut."""
+
+WRITES = ("run", "resume", "tune")
+"""Commands that write under --out (the others only read it)."""
+NAMED = ("resume", "status", "analyze", "report")
+"""Commands whose NAME argument is a study name (one folder under --out)."""
+
+
+def error_line(message: str) -> str:
+    """One ``error: ...`` line: whitespace runs (newlines included) collapsed, capped at MAX_ERROR."""
+    text = re.sub(r"\s+", " ", str(message)).strip()
+    if len(text) > MAX_ERROR:
+        text = text[: MAX_ERROR - 40].rstrip() + f" ... ({len(text)} characters, cut)"
+    return f"error: {text}"
+
+
+def _name_param(ctx: Any, param: Any, value: Any) -> Any:
+    """A study NAME argument: one folder name under --out (no '/', '..' or control character)."""
+    from study.config import check_name
+
+    return value if value is None else check_name(value, "NAME")
+
+
+def _out_param(ctx: Any, param: Any, value: Path | None) -> Path | None:
+    """``--out``: a folder (or a path where one can be made); for writing commands also writable."""
+    if value is None:
+        return value
+    writes = ctx.command.name in WRITES
+    path = Path(value)
+    if "\0" in str(path) or any(ord(c) < 32 for c in str(path)):
+        raise ConfigError("--out", f"{str(path)!r} holds a control character", "give a plain folder path")
+    if path.exists() and not path.is_dir():
+        kind = "a file" if path.is_file() else "not a folder (a device, socket or pipe)"
+        raise ConfigError("--out", f"{path} is {kind}", "give a folder (it is created if missing), e.g. --out results")
+    if writes:
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError("--out", f"{path} cannot be created: {existing} is not a folder",
+                              "give a folder path under a folder you can write")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError("--out", f"{existing} is not writable", "give an --out folder you can write")
+    return value
+
+
+def _command() -> Any:
+    """The click command behind ``app``, with NAME and --out checked as they are parsed."""
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():  # type: ignore[attr-defined]
+        for param in sub.params:
+            if param.name == "out":
+                param.callback = _out_param
+            elif param.name == "name" and name in NAMED:
+                param.callback = _name_param
+    return command
+
+
+def _os_error(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    fixes = {
+        errno.ENOSPC: "free disk space there and re-run the same command (committed runs are kept)",
+        errno.EDQUOT: "free disk space there and re-run the same command (committed runs are kept)",
+        errno.EACCES: "give a path you can write (--out) or fix its permissions",
+        errno.EPERM: "give a path you can write (--out) or fix its permissions",
+        errno.EROFS: "give an --out on a writable file system",
+        errno.ENOTDIR: "give a folder path, not a file",
+        errno.EISDIR: "give a file path, not a folder",
+        errno.ENOENT: "check the path",
+    }
+    return f"{what}{where}. Fix: {fixes.get(exc.errno or 0, 'check the path and the disk')}"
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default: ``sys.argv[1:]``) and return its exit code.
+
+    Exit codes: 0 done; 1 a study ran but is incomplete (failed runs) or an OS error (e.g. a
+    full disk); 2 the input was refused (nothing ran, OUT untouched); 130 / 143 stopped by
+    SIGINT / SIGTERM (committed runs kept). Every error is one ``error: ...`` line on stderr
+    naming the field and the fix, never a traceback (except for a bug in fineline)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app()
+        result = _command().main(args=args, prog_name="study", standalone_mode=False)
     except FinelineError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        typer.echo(error_line(str(exc)), err=True)
+        return int(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        typer.echo(error_line("interrupted; committed runs are kept. Fix: re-run the same command"), err=True)
+        return 130
+    except KeyboardInterrupt:
+        typer.echo(error_line("interrupted; committed runs are kept. Fix: re-run the same command"), err=True)
+        return 130
+    except typer.TyperException as exc:  # click's usage errors (bad option, missing argument)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 2  # the help is already printed
+        command = getattr(getattr(exc, "ctx", None), "command_path", "study")
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(error_line(f"{message.rstrip('.')}. Fix: see `{command} --help`"), err=True)
+        return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        typer.echo(error_line(_os_error(exc)), err=True)
+        return 1
     except Exception as exc:
         if type(exc).__name__ == "AnalysisError":
-            typer.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            typer.echo(error_line(str(exc)), err=True)
+            return 2
         raise
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    """Console entry point (``study``): see :func:`cli_main`."""
+    sys.exit(cli_main())
 
 
 if __name__ == "__main__":

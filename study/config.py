@@ -27,7 +27,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field
@@ -41,6 +41,10 @@ from trainables.spec import RunSpec, validate
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RESERVED_NAMES = {"tables"}
 TOP_LEVEL = ("name", "plugins", "task", "model", "train", "seeds", "grid", "execution", "tune")
+PER_POINT = ("task", "model", "train", "seeds")
+"""Blocks a grid axis or override may set (execution, tune, name, plugins are per study)."""
+BLOCKS = ("task", "model", "train", "seeds", "grid", "execution", "tune")
+"""Top-level fields that must be a block (a YAML mapping) when given."""
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -61,7 +65,7 @@ class SeedsConfig(FrozenConfig):
 class ExecutionConfig(FrozenConfig):
     """How trials execute. Never part of the trial_id."""
 
-    bundle_size: int | Literal["auto"] = 1
+    bundle_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Seeds trained together as one vectorised computation. An integer K: bundles of K (the
     last one what is left). ``auto``: on a GPU up to 64 per bundle; on CPUs one bundle per
     CPU, at most the model's ``cpu_bundle_cap`` seeds each, split evenly (``study/plan.py``)."""
@@ -124,10 +128,16 @@ class StudyConfig:
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def set_dotted(d: dict[str, Any], path: str, value: Any) -> None:
+def set_dotted(d: dict[str, Any], path: str, value: Any, where: str | None = None) -> None:
+    where = where or f"grid.{path}"
+    if not isinstance(path, str):
+        raise ConfigError(where, f"{path!r} is not a field path", "use a dotted path like model.cell or train.lr")
     parts = path.split(".")
-    if parts[0] not in TOP_LEVEL or len(parts) < 2:
-        raise ConfigError(f"grid.{path}", "not a config field path",
+    if parts[0] in TOP_LEVEL and parts[0] not in PER_POINT:
+        raise ConfigError(where, f"{parts[0]}.* cannot vary per grid point (it is set once per study)",
+                          f"set {path} in the study's top-level `{parts[0]}:` block instead")
+    if parts[0] not in TOP_LEVEL or len(parts) < 2 or not all(parts):
+        raise ConfigError(where, "not a config field path",
                           "use a dotted path like model.cell or train.lr")
     cur = d
     for p in parts[:-1]:
@@ -145,11 +155,16 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
         raise ConfigError("grid", "must be a mapping of field path -> values", "see README's study-file section")
     axes: list[list[tuple[str, Any, dict[str, Any]]]] = []
     for path, choices in grid.items():
+        if not isinstance(path, str):
+            raise ConfigError(f"grid.{path}", f"{path!r} is not a field path", "use a dotted path like model.cell")
+        set_dotted({}, path, None)  # refuse a bad path (or an execution.* axis) at once
         if isinstance(choices, dict):
             opts = []
             for v, overrides in choices.items():
                 if overrides is not None and not isinstance(overrides, dict):
                     raise ConfigError(f"grid.{path}.{v}", "overrides must be a mapping", "write {field.path: value}")
+                for opath in overrides or {}:
+                    set_dotted({}, opath, None, f"grid.{path}.{v}.{opath}")
                 opts.append((path, v, overrides or {}))
         elif isinstance(choices, list) and choices:
             opts = [(path, v, {}) for v in choices]
@@ -165,7 +180,7 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
             set_dotted(cfg, path, v)
             values[path] = v
             for opath, ov in overrides.items():
-                set_dotted(cfg, opath, ov)
+                set_dotted(cfg, opath, ov, f"grid.{path}.{v}.{opath}")
         out.append((values, cfg))
     return out
 
@@ -184,13 +199,21 @@ def parse(
         raise ConfigError("(file)", "a study file must be a YAML mapping", "see configs/quickstart.yaml")
     unknown = set(raw) - set(TOP_LEVEL)
     if unknown:
-        raise ConfigError(sorted(unknown)[0], "unknown top-level field", f"use only: {', '.join(TOP_LEVEL)}")
+        raise ConfigError(str(sorted(map(str, unknown))[0]), "unknown top-level field",
+                          f"use only: {', '.join(TOP_LEVEL)}")
+    for block in BLOCKS:
+        value = raw.get(block)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(block, f"must be a block of `field: value` lines, got {type(value).__name__} {_short(value)}",
+                              f"write `{block}:` followed by indented `field: value` lines (see configs/quickstart.yaml)")
     plugins = _plugins(raw.get("plugins"))
     where = source or (f"the study file in {plugin_dir}" if plugin_dir else "the study file")
     import_modules(plugins, Path(plugin_dir) if plugin_dir else None, where)
     name = raw.get("name")
     if name is not None:
-        check_name(str(name), "name")
+        if not isinstance(name, str):
+            raise ConfigError("name", f"must be text, got {_short(name)}", "write e.g. `name: my_study`")
+        check_name(name, "name")
     execution = validate(ExecutionConfig, dict(raw.get("execution") or {}), "execution")
     points = []
     for point_values, cfg in expand_grid(raw):
@@ -201,7 +224,7 @@ def parse(
         except ConfigError as exc:
             raise ConfigError(exc.field, exc.problem + where, exc.fix) from None
         if seeds_override is not None:
-            seeds = seeds.model_copy(update={"count": seeds_override})
+            seeds = _override_count(seeds, seeds_override)
         points.append(Point(spec, seeds, point_values))
     ids = [p.trial_id for p in points]
     if len(set(ids)) != len(ids):
@@ -210,6 +233,22 @@ def parse(
     return StudyConfig(
         name, raw, tuple(points), execution, tune, plugins, str(plugin_dir) if plugin_dir else None
     )
+
+
+def _override_count(seeds: SeedsConfig, count: int) -> SeedsConfig:
+    """``seeds`` with ``count`` seeds (``--seeds``), validated like the file's ``seeds.count``."""
+    try:
+        return validate(SeedsConfig, {**seeds.model_dump(), "count": count}, "seeds")
+    except ConfigError as exc:
+        if exc.field != "seeds.count":
+            raise
+        raise ConfigError("--seeds", f"{count} is out of range ({exc.problem})",
+                          "give --seeds between 1 and 100000 (the limits of seeds.count)") from None
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _plugins(value: Any) -> tuple[str, ...]:
@@ -228,15 +267,62 @@ def _plugins(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping (plain PyYAML
+    keeps the last silently, so ``lr: 0.1`` ... ``lr: 1.0`` would run the second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    f"while reading the mapping starting at line {node.start_mark.line + 1}", node.start_mark,
+                    f"duplicate key {key!r} (first given at line {first.line + 1})", key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """The first useful line of a PyYAML error: its problem and where (line, column)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = exc.problem or exc.context or "invalid YAML"
+        return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark else what
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def read_yaml(path: Path, field: str = "CONFIG") -> Any:
+    """A YAML file's content: UTF-8, valid YAML, no duplicate keys (else ConfigError naming ``field``)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path} ({exc.strerror or exc})",
+                          "give the path of a readable study YAML") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                          "save the study file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(field, f"{path} is not valid YAML: {yaml_problem(exc)}", "fix the YAML there") from None
+    except RecursionError:
+        raise ConfigError(field, f"{path} nests too deeply", "write a plain study file") from None
+
+
 def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
     """Read and validate a study file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("CONFIG", f"no such file {str(path)!r}", "give the path of a study YAML, e.g. configs/quickstart.yaml")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc})", "fix the YAML syntax") from None
+    raw = read_yaml(path)
     task = raw.get("task") if isinstance(raw, dict) else None
     if isinstance(task, dict) and isinstance(task.get("data_dir"), str) and not Path(task["data_dir"]).is_absolute():
         # Ray workers run in other folders: a relative data_dir means relative to where `study` runs.
@@ -245,7 +331,10 @@ def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
 
 
 def check_name(name: str, field: str = "--name") -> str:
-    if not NAME_RE.match(name) or name in RESERVED_NAMES:
-        raise ConfigError(field, f"invalid study name {name!r}",
-                          "use letters, digits, '_', '-' or '.', starting with a letter or digit (not 'tables')")
+    """``name`` if it is a study name: one folder name under OUT (no path separator, no
+    ``..``, no control character), else ConfigError naming ``field``."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED_NAMES or ".." in name:
+        raise ConfigError(field, f"invalid study name {_short(name)}",
+                          "use letters, digits, '_', '-' or '.' (no '..'), starting with a letter or digit "
+                          "(not 'tables')")
     return name

@@ -28,12 +28,31 @@ def manifest_path(out: Path, name: str) -> Path:
     return study_dir(out, name) / "study.json"
 
 
+REQUIRED = ("config", "seeds", "points")
+"""Keys every manifest fineline writes has (a file without them is damaged)."""
+
+
 def read(out: Path, name: str) -> dict[str, Any] | None:
+    """The manifest of study ``name`` (None if there is none); a damaged one (not JSON, not
+    UTF-8, unreadable, missing keys) is a StudyStateError naming the file and the fix."""
     path = manifest_path(out, name)
-    if not path.is_file():
+    if not path.exists():
         return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+    fix = (
+        f"restore {path} from a backup, or move it away and re-create it with "
+        f"`study run CONFIG --name {name} --out {out}` (committed runs are kept)"
+    )
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:120]
+        raise StudyStateError(f"the manifest {path} is damaged ({why}). Fix: {fix}") from None
+    missing = [k for k in REQUIRED if k not in data] if isinstance(data, dict) else list(REQUIRED)
+    if missing or not isinstance(data.get("config"), dict):
+        raise StudyStateError(
+            f"the manifest {path} is damaged (no {', '.join(missing) or 'config block'}). Fix: {fix}"
+        )
+    return data  # type: ignore[no-any-return]
 
 
 def write(out: Path, name: str, manifest: dict[str, Any]) -> None:

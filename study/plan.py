@@ -41,13 +41,16 @@ def seedsets(point: Point) -> list[SeedSet]:
     return [derive_seedset(s.root, i, s.vary, pinned) for i in range(s.count)]
 
 
-def bundle_count(cfg: StudyConfig, n_seeds: int, device: str, cpus: float, cap: int | None) -> int:
+def bundle_count(
+    cfg: StudyConfig, n_seeds: int, device: str, cpus: float, cap: int | None, limit: int | None = None
+) -> int:
     """How many bundles a point's ``n_seeds`` seeds form (they are then split evenly).
 
     An integer ``execution.bundle_size`` K gives ``ceil(n / K)``. ``auto``: on a GPU, bundles
     of up to 64; on CPUs, one bundle per worker, or, where the model caps the useful bundle
     size (``Model.cpu_bundle_cap``), enough bundles of at most the cap, rounded up to a
-    multiple of the workers so the last wave keeps every CPU busy.
+    multiple of the workers so the last wave keeps every CPU busy. ``limit``: the most seeds
+    the model can put in one bundle (``Model.max_bundle``), kept on any device.
     """
     if n_seeds == 0:
         return 0
@@ -55,7 +58,9 @@ def bundle_count(cfg: StudyConfig, n_seeds: int, device: str, cpus: float, cap: 
     if k != "auto":
         return math.ceil(n_seeds / int(k))
     if device == "cuda":
-        return math.ceil(n_seeds / 64)
+        return math.ceil(n_seeds / min(64, limit or 64))
+    if limit is not None:
+        cap = min(cap, limit) if cap is not None else limit
     workers = max(1, int(cpus // cfg.execution.cpus_per_trial))
     per_worker = math.ceil(n_seeds / workers)
     if cap is None or per_worker <= cap:
@@ -87,12 +92,13 @@ def plan_units(cfg: StudyConfig, out: Path, study: str, device: str, cpus: float
                 already += 1
             else:
                 todo.append(s)
-        cap = MODELS.get(point.spec.model_name).cpu_bundle_cap
+        model_cls = MODELS.get(point.spec.model_name)
+        cap, limit = model_cls.cpu_bundle_cap, model_cls.max_bundle(point.spec.model)
         todo.sort(key=lambda s: (s.data_seed, s.index))
         for _, group in groupby(todo, key=lambda s: s.data_seed):
             members = list(group)
             if cfg.execution.bundle_size == "auto":
-                bundles = even_split(members, bundle_count(cfg, len(members), device, cpus, cap))
+                bundles = even_split(members, bundle_count(cfg, len(members), device, cpus, cap, limit))
             else:  # bundles of exactly K, the last one what is left
                 k = int(cfg.execution.bundle_size)
                 bundles = [members[i : i + k] for i in range(0, len(members), k)]

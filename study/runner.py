@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
+import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -16,15 +20,205 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
-from study.plan import default_cpus, plan_units, unit_payload
-from trainables.errors import ConfigError, FinelineError
+from study.plan import default_cpus, plan_units, seedsets, unit_payload
+from trainables.errors import ConfigError, StudyIncomplete
 from trainables.plugins import shippable
+from trainables.results import committed
 
 console = Console(stderr=True)
 
+StudyFailed = StudyIncomplete
+"""The name this module used before (kept for callers)."""
 
-class StudyFailed(FinelineError):
-    """Some units failed after their retries."""
+PROBE_TIMEOUT_S = 5.0
+"""How long ``--address`` may take to accept a TCP connection before it is called dead."""
+ADDRESS_RE = re.compile(r"^(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(?P<port>[0-9]{1,5})$")
+
+
+def ray_env() -> None:
+    """The environment fineline's Ray driver runs with (set before Ray's first import)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # fineline handles SIGINT / SIGTERM itself (StopSignals): Tune's handler would swallow them
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+
+TOKEN_FIX = (
+    "give this driver the cluster's token: copy the head node's ~/.ray/auth_token here, "
+    "or set RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); every node and driver must use "
+    "RAY_AUTH_MODE=token (see docs/cluster.md)"
+)
+DEAD_FIX = (
+    "start it (`ray up cluster.yaml` or `ray start --head`) and check "
+    "`ray status --address ADDRESS`; or omit --address for a local Ray"
+)
+
+
+def check_address(address: str) -> str:
+    """``--address`` checked without starting Ray: its form, this driver's auth token, and a
+    TCP connection to it (within seconds, where Ray itself retries for minutes). Returns the
+    ``host:port`` (or ``ray://host:port``) it names."""
+    if address == "auto":
+        ray_env()
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except Exception:
+            found = None
+        if not found:
+            raise ConfigError("--address", "auto: no running Ray cluster found on this machine", DEAD_FIX)
+        address = found
+    match = ADDRESS_RE.match(address)
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ConfigError(
+            "--address",
+            f"{address[:80]!r} is not a Ray address",
+            "give HOST:PORT of the head node's GCS (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto",
+        )
+    _check_token(address)
+    host, port = match["host"].strip("[]"), int(match["port"])
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise ConfigError("--address", f"no Ray cluster answers at {address} ({why})", DEAD_FIX) from None
+    return address
+
+
+def _check_token(address: str) -> None:
+    """Token mode without a token on this machine: refused before any connection."""
+    ray_env()
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
+        AuthenticationMode,
+        Config,
+        get_authentication_mode,
+    )
+    from ray.exceptions import AuthenticationError
+
+    token = os.environ["RAY_AUTH_MODE"].lower() == "token"
+    if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
+        Config.initialize("")
+    try:
+        ensure_token_if_auth_enabled(create_token_if_missing=False)
+    except AuthenticationError as exc:
+        raise ConfigError(
+            "--address", f"no Ray auth token for the cluster at {address} ({exc.message})", TOKEN_FIX
+        ) from None
+
+
+def local_gpus() -> int:
+    """GPUs a local Ray would see (CUDA_VISIBLE_DEVICES respected), without starting Ray."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
+        return 0
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None) -> None:
+    """Resources a trial asks for that a local Ray can never give fail now (Ray would wait
+    forever); with ``--address`` the address is checked (:func:`check_address`) and the
+    cluster's resources are compared once connected (:func:`warn_cluster_resources`)."""
+    ex = cfg.execution
+    if address:
+        check_address(address)
+        return
+    cpus = num_cpus or default_cpus()
+    if ex.cpus_per_trial > cpus:
+        raise ConfigError(
+            "execution.cpus_per_trial",
+            f"each trial asks for {ex.cpus_per_trial:g} CPUs but the local Ray has {cpus}",
+            f"set it to at most {cpus} (or raise --num-cpus, or run on a cluster with --address)",
+        )
+    if ex.gpus_per_trial > 0:
+        gpus = local_gpus()
+        if ex.gpus_per_trial > gpus:
+            have = f"only {gpus}" if gpus else "none"
+            raise ConfigError(
+                "execution.gpus_per_trial",
+                f"each trial asks for {ex.gpus_per_trial:g} GPUs but this machine has {have}",
+                "set execution.gpus_per_trial: 0 (device: cpu or auto) here, or run on a cluster "
+                "with GPUs through --address",
+            )
+
+
+def warn_cluster_resources(cfg: StudyConfig) -> None:
+    """On a cluster, warn where no node has what one trial asks for (an autoscaler may still
+    add one, so this is not an error)."""
+    import ray
+
+    ex = cfg.execution
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    best_cpu = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
+    best_gpu = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
+    for what, want, have in (("cpus_per_trial", ex.cpus_per_trial, best_cpu), ("gpus_per_trial", ex.gpus_per_trial, best_gpu)):
+        if want > have:
+            console.print(
+                f"[yellow]warning: execution.{what}: each trial asks for {want:g} but the largest node "
+                f"of the cluster has {have:g}; trials wait until a node that big joins[/yellow]",
+                soft_wrap=True,
+            )
+
+
+class StopSignals:
+    """SIGINT and SIGTERM during a Ray session, handled in Python (no C++ stack dump): the
+    first stops Ray Tune gracefully (running trials are stopped, committed seeds kept), a
+    second stops at once; either way ``ray.shutdown()`` then stops every Ray process this
+    driver started. ``received`` names the first signal."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.tune_running = False
+        self.closing = False
+        self.before: dict[int, object] = {}
+
+    def install(self) -> None:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.before = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+
+    def restore(self) -> None:
+        for s, h in self.before.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        self.before = {}
+
+    def handle(self, signum: int, frame: Any) -> None:
+        first = self.received is None
+        if first:
+            self.received = signal.Signals(signum)
+        if self.closing:
+            return  # already stopping: let ray.shutdown() finish
+        if first and self.tune_running:
+            tune_stop = signal.getsignal(signal.SIGUSR1)  # Tune's graceful-stop handler
+            if callable(tune_stop):
+                console.print(
+                    f"{signal.Signals(signum).name}: stopping the study (committed seeds are kept); "
+                    "send it again to stop at once"
+                )
+                tune_stop(signal.SIGUSR1, frame)
+                return
+        raise KeyboardInterrupt
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.received) if self.received is not None else 1
+
+
+SIGNALS: StopSignals | None = None
+"""The current Ray session's signal handling (None outside one)."""
 
 
 @contextmanager
@@ -44,13 +238,8 @@ def ray_session(
     itself comes from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``
     and must be the cluster's. Ray caches the mode per process, so it is re-read if needed.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    import logging
-
+    global SIGNALS
+    ray_env()
     import ray
     from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
         AuthenticationMode,
@@ -66,12 +255,10 @@ def ray_session(
         # Ray read the mode before it was set here: re-read it (as ray.init itself does)
         Config.initialize("")
 
+    token_fix = TOKEN_FIX
+    stops = StopSignals()
     if address:
-        token_fix = (
-            "give this driver the cluster's token: copy the head node's ~/.ray/auth_token here, "
-            "or set RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); every node and driver must use "
-            "RAY_AUTH_MODE=token (see docs/cluster.md)"
-        )
+        address = check_address(address)
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True,
                      runtime_env=runtime_env)
@@ -88,12 +275,7 @@ def ray_session(
                     f"the cluster at {address} refused this driver's auth token",
                     token_fix,
                 ) from None
-            raise ConfigError(
-                "--address",
-                f"no Ray cluster answers at {address}",
-                "start it (`ray up cluster.yaml` or `ray start --head`) and check "
-                "`ray status --address ADDRESS`; or omit --address for a local Ray",
-            ) from None
+            raise ConfigError("--address", f"no Ray cluster answers at {address}", DEAD_FIX) from None
     else:
         ray.init(
             num_cpus=num_cpus or default_cpus(),
@@ -102,10 +284,17 @@ def ray_session(
             log_to_driver=True,
             runtime_env=runtime_env,
         )
+    stops.install()
+    SIGNALS = stops
     try:
         yield ray.cluster_resources()
     finally:
-        ray.shutdown()
+        stops.closing = True
+        try:
+            ray.shutdown()
+        finally:
+            stops.restore()
+            SIGNALS = None
 
 
 def worker_env(cfg: StudyConfig) -> dict[str, Any] | None:
@@ -131,8 +320,11 @@ def resolve_device(cfg: StudyConfig) -> str:
     return dev
 
 
-def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
-    """Everything that can fail on bad input, before Ray starts.
+def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Everything that can fail on bad input, before Ray starts (and before OUT is written):
+    the tasks' data (``Task.check``), split names, bundle sizes the model can train, and the
+    resources trials ask for (:func:`check_resources`; ``address``/``num_cpus`` as given
+    to ``study``).
 
     Returns the task facts the manifest records: ``analysis`` (what the task wants
     analysed and drawn) and ``splits`` (name and role of each split, in order).
@@ -141,11 +333,53 @@ def check_before_ray(cfg: StudyConfig) -> dict[str, Any]:
     for point, task in zip(cfg.points, tasks, strict=True):
         task.check()
         point.spec.check_splits(task.split_roles())
+    check_bundles(cfg)
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
+    check_resources(cfg, address, num_cpus)
     roles = tasks[0].split_roles()
     return {"analysis": tasks[-1].analysis(), "splits": [{"name": n, "role": r} for n, r in roles.items()]}
+
+
+def check_bundles(cfg: StudyConfig) -> None:
+    """A fixed ``execution.bundle_size`` no larger than the model can train (``Model.max_bundle``,
+    e.g. one seed for seq2seq's ``impl: reference``)."""
+    from trainables.registry import MODELS
+
+    k = cfg.execution.bundle_size
+    if k == "auto":
+        return  # planning keeps to the limit
+    for point in cfg.points:
+        limit = MODELS.get(point.spec.model_name).max_bundle(point.spec.model)
+        largest = min(int(k), point.seeds.count)
+        if limit is not None and largest > limit:
+            impl = getattr(point.spec.model, "impl", None)
+            why = f" with impl: {impl}" if impl else ""
+            where = f" (grid point {point.values})" if point.values else ""
+            raise ConfigError(
+                "execution.bundle_size",
+                f"{k} puts {largest} seeds in one bundle but model {point.spec.model_name!r}{why} trains "
+                f"at most {limit} per bundle{where}",
+                f"set execution.bundle_size to at most {limit} (or auto)"
+                + (", or use model.impl: fast" if impl == "reference" else ""),
+            )
+
+
+def committed_counts(cfg: StudyConfig, out: Path, name: str) -> tuple[int, int]:
+    """(planned, committed) runs of ``cfg`` in ``out``, read from the Parquet ``runs`` rows."""
+    done = committed(out, name)
+    planned = hit = 0
+    for point in cfg.points:
+        for s in seedsets(point):
+            planned += 1
+            hit += (point.trial_id, s.index) in done
+    return planned, hit
+
+
+def resume_command(name: str, out: Path, address: str | None) -> str:
+    cmd = f"study resume {name} --out {out}"
+    return cmd + (f" --address {address}" if address else "")
 
 
 def run_study(
@@ -157,9 +391,13 @@ def run_study(
     kind: str = "seeds",
     extra_manifest: dict[str, Any] | None = None,
 ) -> dict[str, int]:
-    """Run (or resume) a seed/grid study; returns counts. Raises StudyFailed on failures."""
+    """Run (or resume) a seed/grid study; returns counts ``planned``, ``done`` (committed),
+    ``ran``, ``failed``, ``pending``, all read from Parquet after the run.
+
+    Raises :class:`StudyIncomplete` (exit 1, or 128 + the signal after SIGINT / SIGTERM)
+    unless every planned run is committed."""
     out = Path(out)
-    facts = check_before_ray(cfg)
+    facts = check_before_ray(cfg, address, num_cpus)
     manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
     device = resolve_device(cfg)
@@ -167,20 +405,46 @@ def run_study(
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
-    with ray_session(address, num_cpus, worker_env(cfg)) as resources:
-        units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
-        payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
-        failed = launch(payloads, cfg, out, name, already, planned)
-    if failed:
-        raise StudyFailed(
-            f"study {name}: {failed} unit(s) failed after retries; their seeds are not committed. "
-            f"See the errors above, fix the cause, then re-run (committed seeds are kept)."
+    failed_units: list[dict[str, Any]] = []
+    stops: StopSignals | None = None
+    try:
+        with ray_session(address, num_cpus, worker_env(cfg)) as resources:
+            stops = SIGNALS
+            if address:
+                warn_cluster_resources(cfg)
+            units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
+            payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
+            failed_units = launch(payloads, cfg, out, name, already, planned)
+    except KeyboardInterrupt:
+        if stops is None or stops.received is None:
+            stops = StopSignals()
+            stops.received = signal.SIGINT
+    planned, done = committed_counts(cfg, out, name)
+    have = committed(out, name) if failed_units else set()
+    failed = sum(1 for u in failed_units for s in u["seeds"] if (u["trial_id"], s["index"]) not in have)
+    pending = planned - done - failed
+    counts = {"planned": planned, "done": done, "ran": done - already, "failed": failed, "pending": pending}
+    interrupted = stops is not None and stops.received is not None
+    if done < planned or interrupted:
+        why = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
+            f"{len(failed_units)} trial(s) failed after their retries (errors above)" if failed_units else "incomplete"
         )
-    return {"planned": planned, "done": planned, "ran": planned - already, "failed": 0}
+        fix = resume_command(name, out, address)
+        if failed_units:
+            fix = f"fix the cause shown above, then {fix}"
+        raise StudyIncomplete(
+            f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why}). "
+            f"Fix: {fix} (committed runs are kept)",
+            stops.exit_code if interrupted and stops else 1,
+        )
+    return counts
 
 
-def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: str, already: int, planned: int) -> int:
-    """Run the units as Ray Tune trials with reused actors; returns how many failed."""
+def launch(
+    payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: str, already: int, planned: int
+) -> list[dict[str, Any]]:
+    """Run the units as Ray Tune trials with reused actors; returns the payloads of those that
+    failed after their retries (what is committed is read from Parquet, not from Tune)."""
     from ray import tune
 
     from study.progress import ProgressCallback
@@ -211,11 +475,30 @@ def launch(payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: st
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
         ),
     )
-    with progress:
-        results = tuner.fit()
-    failed = results.num_errors
+    results = fit(tuner, progress)
+    failed = [payloads[r.config["unit_index"]] for r in results if r.error is not None and r.config]
     for error in results.errors:
         console.print(f"[red]unit failed:[/red] {type(error).__name__}: {str(error)[-2000:]}")
-    if not failed:
+    if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
+
+
+def fit(tuner: Any, progress: Progress | None = None) -> Any:
+    """``tuner.fit()`` with fineline's signal handling armed (SIGINT / SIGTERM stop it
+    gracefully) and Tune's own "trials did not complete" log line silenced (fineline
+    reports committed counts itself)."""
+    tune_log = logging.getLogger("ray.tune.tune")
+    level = tune_log.level
+    tune_log.setLevel(logging.CRITICAL)
+    if SIGNALS is not None:
+        SIGNALS.tune_running = True
+    try:
+        if progress is None:
+            return tuner.fit()
+        with progress:
+            return tuner.fit()
+    finally:
+        if SIGNALS is not None:
+            SIGNALS.tune_running = False
+        tune_log.setLevel(level)

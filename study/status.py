@@ -14,7 +14,8 @@ from trainables.results import table_dir
 
 
 def study_status(out: Path, name: str) -> list[dict[str, Any]]:
-    """One dict per grid point: point, trial_id, planned, done, ok, diverged, pending."""
+    """One dict per grid point: point, trial_id, planned, done, ok, diverged, not_learned
+    (committed runs whose selection metric never reached the arming level), pending."""
     m = manifest.read(out, name)
     if m is None:
         raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
@@ -37,6 +38,7 @@ def study_status(out: Path, name: str) -> list[dict[str, Any]]:
             "done": done,
             "ok": d.get("ok", 0),
             "diverged": d.get("diverged", 0),
+            "not_learned": d.get("not_learned", 0),
             "pending": max(0, p["seeds"] - done),
         })
     return rows

@@ -31,6 +31,7 @@ import functools
 import json
 import math
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,14 @@ from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name, parse
 from study.plan import seedsets
 from study.runner import (
+    StopSignals,
     StudyFailed,
     check_before_ray,
     console,
+    fit,
     ray_session,
     resolve_device,
+    warn_cluster_resources,
     worker_env,
 )
 from study.tuning_config import (
@@ -58,7 +62,7 @@ from study.tuning_config import (
     tune_block,
 )
 from trainables.errors import StudyStateError
-from trainables.results import write_rows
+from trainables.results import committed, write_rows
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
     objective_stats,
@@ -375,7 +379,7 @@ def run_tuning(
     out = Path(out)
     block = tune_block(cfg)
     n_trials = trials or block.trials
-    analysis = check_before_ray(cfg)
+    analysis = check_before_ray(cfg, address, num_cpus)
     _check_resume(out, name, block)
     url = storage_url(out, name)
     extra = {
@@ -404,16 +408,37 @@ def run_tuning(
     if not block.sequential:
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
     storage_path = (out / name / "ray").resolve()
-    with ray_session(address, num_cpus, worker_env(cfg)) as resources:
-        errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
+    errors: list[Exception] = []
+    stops: StopSignals | None = None
+    try:
+        with ray_session(address, num_cpus, worker_env(cfg)) as resources:
+            from study import runner
+
+            stops = runner.SIGNALS
+            if address:
+                warn_cluster_resources(cfg)
+            errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
+    except KeyboardInterrupt:
+        if stops is None or stops.received is None:
+            stops = StopSignals()
+            stops.received = signal.SIGINT
     for err in errors:
         console.print(f"[red]candidate failed:[/red] {type(err).__name__}: {str(err)[-2000:]}")
     done = finished_count(optuna.load_study(study_name=name, storage=storage))
-    if errors or done < n_trials:
-        why = f"{len(errors)} failed; fix the cause shown above" if errors else "interrupted"
+    interrupted = stops is not None and stops.received is not None
+    if errors or done < n_trials or interrupted:
+        if interrupted and stops is not None and stops.received is not None:
+            why = f"interrupted by {stops.received.name}"
+        else:
+            why = f"{len(errors)} failed; fix the cause shown above" if errors else "incomplete"
+        seeds = len(committed(out, name))
+        pending = max(0, n_trials - done - len(errors))
+        again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
         raise StudyFailed(
-            f"tuning study {name}: {done}/{n_trials} candidates finished ({why}). "
-            "Fix: re-run `study tune` with the same --name to resume"
+            f"tuning study {name}: {done}/{n_trials} candidates finished, {len(errors)} failed, "
+            f"{pending} pending ({why}; {seeds} seed runs committed). "
+            f"Fix: re-run `{again}` (or `study resume {name} --out {out}`) to resume",
+            stops.exit_code if interrupted and stops is not None else 1,
         )
     shutil.rmtree(storage_path, ignore_errors=True)
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
@@ -474,7 +499,7 @@ def _launch(
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
         ),
     )
-    return list(tuner.fit().errors)
+    return list(fit(tuner).errors)
 
 
 def best_config(

@@ -85,3 +85,20 @@ def test_evaluation_batches_are_capped_by_the_models_eval_rows_and_change_nothin
         assert all(np.array_equal(a, b) for a, b in zip(whole.predictions[k], chunked.predictions[k], strict=True))
         assert whole.means[k]["accuracy"] == chunked.means[k]["accuracy"]
         assert whole.means[k]["loss"] == pytest.approx(chunked.means[k]["loss"], rel=1e-5)
+
+
+def test_a_run_that_never_reaches_the_arming_level_is_not_learned_and_never_stops_early() -> None:
+    """arm_above 0.99 is never reached in 3 epochs of a tiny run: no member may stop early
+    (the rule is unarmed), and each ends at max_epochs with the status ``not_learned``; at
+    an arming level every run passes, the same runs are ``ok``."""
+    sel = {"split": "val", "metric": "accuracy", "mode": "max", "early_stop": True, "patience": 1}
+    unarmed = _run(None, members=2, max_epochs=3, selection={**sel, "arm_above": 0.99})
+    while not unarmed.done:
+        unarmed.train_round()
+    assert all(m.rounds_run == 3 for m in unarmed.members), "an unlearned run must not stop early"
+    assert all(m.best_value is not None and m.best_value <= 0.99 for m in unarmed.members)
+    assert [r["run"][0]["status"] for r in unarmed.finalize()] == ["not_learned", "not_learned"]
+    armed = _run(None, members=2, max_epochs=3, selection={**sel, "arm_above": -1.0})
+    while not armed.done:
+        armed.train_round()
+    assert [r["run"][0]["status"] for r in armed.finalize()] == ["ok", "ok"]

@@ -21,9 +21,12 @@ the one that reproduces the behaviour from before the field existed (its
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 _ADDED = "fineline_identity_default"
 
@@ -45,8 +48,22 @@ class FrozenConfig(BaseModel):
     """A frozen, extra-forbidding pydantic model whose attribute docstrings document fields."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+        allow_inf_nan=False,  # .inf / .nan are refused in every float field (and tuples of them)
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true`` / ``false`` where the field takes no boolean (pydantic's lax mode
+        would read them as 1 / 0): ``lr: true`` is a mistake, never a learning rate."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and not _admits_bool(field.annotation) and _holds_bool(value):
+            raise PydanticCustomError("bool_not_number", "a boolean where a number or text is expected")
+        return value
 
     def identity(self) -> dict[str, Any]:
         """The JSON form of this config for hashing: ``model_dump(mode="json")`` less every
@@ -61,6 +78,35 @@ class FrozenConfig(BaseModel):
             if isinstance(marker, dict) and _json(info, marker["value"]) == dumped[name]:
                 del dumped[name]
         return dumped
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field annotated ``annotation`` may hold a boolean (anywhere inside it).
+
+    Nested configs validate their own fields, so a model type counts as admitting one."""
+    if annotation is bool or annotation is Any or annotation is None:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return any(isinstance(a, bool) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _admits_bool(typing.get_args(annotation)[0])
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType) or args:
+        return any(_admits_bool(a) for a in args if a is not Ellipsis)
+    return False
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_holds_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_bool(v) for v in value.values())
+    return False
 
 
 def _json(info: Any, value: Any) -> Any:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 
 class FinelineError(Exception):
-    """Base class: an error a user can fix (config, data, arguments)."""
+    """Base class: an error a user can fix (config, data, arguments).
+
+    The CLI prints it as one ``error: ...`` line and exits with ``exit_code`` (2: the input
+    was refused, nothing ran)."""
+
+    exit_code: int = 2
 
 
 class ConfigError(FinelineError):
@@ -27,3 +32,17 @@ class DataError(FinelineError):
 
 class StudyStateError(FinelineError):
     """The study folder disagrees with the request (changed config, unknown study)."""
+
+
+class StudyIncomplete(FinelineError):
+    """A study ran but did not commit every planned run: some failed, it was interrupted, or
+    both. The message gives the committed / failed / pending counts (read from Parquet, never
+    from what Ray Tune reports) and the command that finishes the study.
+
+    ``exit_code``: 1 when runs failed, 130 after SIGINT, 143 after SIGTERM (the shell's
+    128 + signal number), so ``study run ... && study sql ...`` stops at an incomplete study.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

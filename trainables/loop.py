@@ -43,7 +43,8 @@ class Member:
 
     seeds: SeedSet
     status: str = "running"
-    """running | stopped | diverged"""
+    """running | stopped | diverged (a committed run's status is ok, diverged or not_learned:
+    see :meth:`BundleRun.learned`)"""
     best_value: float | None = None
     best_epoch: int | None = None
     best_step: int | None = None
@@ -352,11 +353,22 @@ class BundleRun:
             m.bad_rounds += 1
         if not sel.early_stop or sel.mode == "last" or m.best_value is None:
             return
-        armed = sel.arm_above is None or (
-            m.best_value > sel.arm_above if sel.mode == "max" else m.best_value < sel.arm_above
-        )
-        if armed and m.bad_rounds >= sel.patience and m.rounds_run >= sel.min_epochs:
+        if self.learned(m) and m.bad_rounds >= sel.patience and m.rounds_run >= sel.min_epochs:
             m.status = "stopped"
+
+    def learned(self, m: Member) -> bool:
+        """Whether member ``m`` has *learned*: with early stopping armed at a level
+        (``selection.arm_above``), its best selection value has passed that level at some
+        evaluation. Only a learned run can stop early, and a run that ends at its budget
+        without learning is committed with the status ``not_learned`` (kept apart in
+        analysis: its selected epoch is the best of a run that never took off). Without
+        early stopping or an arming level every run counts as learned."""
+        sel = self.train_cfg.selection
+        if not sel.early_stop or sel.mode == "last" or sel.arm_above is None:
+            return True
+        if m.best_value is None or math.isnan(m.best_value):
+            return False
+        return m.best_value > sel.arm_above if sel.mode == "max" else m.best_value < sel.arm_above
 
     # ----------------------------------------------------------------- compaction
     def _compact(self) -> None:
@@ -429,7 +441,7 @@ class BundleRun:
                             "correct": bool(correct[i]),
                         })
         for k, m in enumerate(self.members):
-            status = "diverged" if m.status == "diverged" else "ok"
+            status = "diverged" if m.status == "diverged" else "ok" if self.learned(m) else "not_learned"
             out[k]["run"] = [{
                 "status": status, "selected_epoch": m.best_epoch, "selected_step": m.best_step,
                 "epochs_run": m.rounds_run,

@@ -115,8 +115,15 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
 
 
 def write_rows(out: Path, study: str, name: str, file_stem: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Atomically write ``rows`` of table ``name`` as one file (replacing a previous one)."""
-    write_atomic(to_table(name, rows), table_dir(out, name, study) / f"{file_stem}.parquet")
+    """Atomically write ``rows`` of table ``name`` as one file (replacing a previous one).
+
+    The ``study`` column is not stored: the folder ``study=<NAME>`` holds it (hive
+    partitioning), so pandas, polars and DuckDB read ``OUT/tables/<table>`` as they are
+    (a column of the same name clashed with the folder key)."""
+    table = to_table(name, rows)
+    if "study" in table.column_names:
+        table = table.drop_columns(["study"])
+    write_atomic(table, table_dir(out, name, study) / f"{file_stem}.parquet")
 
 
 def commit_seed(

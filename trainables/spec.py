@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -40,8 +40,10 @@ class SelectionConfig(FrozenConfig):
     """Consecutive non-improving evaluations that stop a run (1 = the paper's rule)."""
     arm_above: float | None = None
     """Early stopping is armed only once the best value is above this (max mode) or below it
-    (min mode); ``null`` arms it at once. (Weber et al.'s rule fires at epoch 2 while val
-    accuracy still sits at 0, so their study file arms it above a level.)"""
+    (min mode); ``null`` arms it at once. With early stopping the level also defines a run
+    that *learned*: one that never passes it ends at ``max_epochs`` with the status
+    ``not_learned`` (committed, counted apart). (Weber et al.'s rule fires at epoch 2 while
+    val accuracy still sits at 0, so their study file arms it at 0.5.)"""
     min_epochs: int = Field(1, ge=1)
     """Never stop before this many epochs."""
 
@@ -53,6 +55,10 @@ class LrHalving(FrozenConfig):
     """The first halving applies once this many epochs (fractional allowed) are done."""
     every_epochs: float = Field(0.5, gt=0)
     """Then halve again every this many epochs (lr / 2^n after start + (n - 1) * every)."""
+
+
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+"""One of Adam's betas: torch.optim.Adam refuses values outside [0, 1)."""
 
 
 class TrainConfig(FrozenConfig):
@@ -81,10 +87,10 @@ class TrainConfig(FrozenConfig):
     selection split."""
     snapshot_epochs: tuple[int, ...] = ()
     """Epochs after which EVERY split is evaluated and stored in ``metrics``."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """Adam's betas."""
-    adam_eps: float = 1e-8
-    """Adam's epsilon."""
+    adam_betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.999)
+    """Adam's betas, each in [0, 1)."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """Adam's epsilon (> 0)."""
     weight_decay: float = Field(0.0, ge=0)
     """L2 weight decay."""
     lr_halving: LrHalving | None = None
@@ -235,9 +241,22 @@ def validate(schema: type[FrozenConfig], raw: dict[str, Any], prefix: str) -> An
         raise config_error(exc, prefix, schema) from None
 
 
+_UNION_TAGS = {"int", "float", "str", "bool", "none", "list", "tuple", "dict"}
+
+
+def _field_loc(loc: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """A pydantic error location without the tags of union members (``constrained-int``,
+    ``literal['auto']``): what is left names the field as a study file writes it."""
+    return tuple(
+        p for p in loc
+        if not (isinstance(p, str) and (p in _UNION_TAGS or "[" in p or "-" in p))
+    )
+
+
 def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) -> ConfigError:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+    errors = exc.errors()
+    err = errors[0]
+    loc = ".".join(str(p) for p in (prefix, *_field_loc(err["loc"])) if p != "")
     kind = err["type"]
     if kind == "extra_forbidden":
         fields = ", ".join(schema.model_fields)
@@ -246,6 +265,16 @@ def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) 
         return ConfigError(loc, "required field missing", "add it to the config")
     got = err.get("input")
     fix = err["msg"][0].lower() + err["msg"][1:]
+    if kind == "finite_number":
+        fix = "give a finite number (.inf and .nan are not allowed)"
+    elif kind == "bool_not_number":
+        fix = "write a number or a name (true / false are not numbers)"
+    elif kind in ("dict_type", "model_type", "model_attributes_type"):
+        fix = "write a block of `field: value` lines there (see configs/quickstart.yaml)"
     if "ctx" in err and "expected" in err["ctx"]:
         fix = f"use one of {err['ctx']['expected']}"
+    alternatives = [e for e in errors if _field_loc(e["loc"]) == _field_loc(err["loc"])]
+    if len(alternatives) > 1 and tuple(err["loc"]) != tuple(_field_loc(err["loc"])):
+        # a union (e.g. an integer or "auto"): say what each alternative wants
+        fix = "; or ".join(dict.fromkeys(e["msg"][0].lower() + e["msg"][1:] for e in alternatives))
     return ConfigError(loc, f"invalid value {got!r} ({err['msg']})", fix)

@@ -158,7 +158,7 @@ class FinelineTrainable(tune.Trainable):
             "seeds": [s["index"] for s in u["seeds"]], "task": self.spec.task_name,
             "model": self.spec.model_name, "config_hash": u["config_hash"],
             "config_json": u["config_json"], "point_json": u["point_json"],
-            "status": "ok" if all(s == "ok" for s in statuses) else "partial",
+            "status": "partial" if "diverged" in statuses else "ok",
             "started_at": self.started_at, "ended_at": now, "node": node,
             "hostname": socket.gethostname(), "git_sha": u.get("git_sha", ""),
             "versions_json": u.get("versions_json", "{}"), "bundle_size": len(u["seeds"]),

@@ -188,19 +188,20 @@ def test_report_draws_the_decision_boundary_per_seed_in_chromium(
 
 
 def test_learning_curves_compare_settings_per_split(out: Path, report: Report) -> None:
-    """One panel per curve split; in each, one mean line and min-max band per setting."""
+    """One panel per curve split; in each, one mean line and 95% bootstrap band per setting."""
     panel = next(p for p in report.panels if p.name == "curves-accuracy")
     spec = to_spec(panel.chart, report.store)
     metrics = pq.read_table(out / "tables" / "metrics" / "study=toy").to_pandas()
     acc = metrics[metrics["metric"] == "accuracy"]
     assert [sorted(set(acc["split"]))] == [["test", "train_eval"]]
     panels = spec["hconcat"]
-    titles = [p["title"] for p in panels]
+    titles = [p["title"]["text"] for p in panels]
     assert [re.match(r"(\w+) accuracy", t).group(1) for t in titles] == ["train_eval", "test"]
+    assert all("95% bootstrap band" in t for t in titles)
     for split, p in zip(["train_eval", "test"], panels, strict=True):
         band = next(layer for layer in p["layer"] if layer["mark"]["type"] == "area")
         assert band["encoding"]["color"]["field"] == "point"
-        assert band["encoding"]["y"]["field"] == "min" and band["encoding"]["y2"]["field"] == "max"
+        assert band["encoding"]["y"]["field"] == "low" and band["encoding"]["y2"]["field"] == "high"
         rows = pd.DataFrame(spec["datasets"][band["data"]["name"]])
         assert set(rows["split"]) == {split} and set(rows["point"]) == {"setting=A", "setting=B"}
         sub = acc[acc["split"] == split]
@@ -210,8 +211,13 @@ def test_learning_curves_compare_settings_per_split(out: Path, report: Report) -
             .groupby(["point", "step"])["value"]
             .agg(["mean", "min", "max"])
         )
-        got = rows.set_index(["point", "step"])[["mean", "min", "max"]].sort_index()
-        np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-9)
+        got = rows.set_index(["point", "step"])[["mean", "low", "high"]].sort_index()
+        np.testing.assert_allclose(got["mean"], expected["mean"], rtol=1e-9)
+        assert (expected["min"] <= got["low"] + 1e-12).all()
+        assert (got["low"] <= got["mean"] + 1e-12).all() and (
+            got["mean"] <= got["high"] + 1e-12
+        ).all()
+        assert (got["high"] <= expected["max"] + 1e-12).all()
         assert len(got) == 2 * 5  # two settings x five logged steps
     assert spec["resolve"]["scale"]["y"] == "shared"
 

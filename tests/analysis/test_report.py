@@ -148,8 +148,8 @@ def test_svg_and_directory_export(reports: dict[str, Report], tmp_path: Path) ->
 def test_report_errors_are_clear(out: Path, tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="known: demo, grid, tune"):
         write_report(out, "nope", tmp_path / "x.html", quiet=True)
-    with pytest.raises(AnalysisError, match=r"\.html, \.png or \.svg"):
-        write_report(out, "demo", tmp_path / "x.pdf", quiet=True)
+    with pytest.raises(AnalysisError, match=r"\.html, \.png, \.svg or \.pdf"):
+        write_report(out, "demo", tmp_path / "x.txt", quiet=True)
 
 
 def test_analyze_text_and_json_agree_with_scipy(out: Path) -> None:
@@ -174,7 +174,7 @@ def test_analyze_text_and_json_agree_with_scipy(out: Path) -> None:
     assert doc["regressions"][0]["slope"] == pytest.approx(fit.slope)
     assert doc["regressions"][0]["r2"] == pytest.approx(fit.rvalue**2)
     text = analyze(out, "demo")
-    assert "Summary across seeds" in text and "Regressions declared by the task" in text
+    assert "Summary across ok runs" in text and "Regressions declared by the task" in text
     assert f"{expected:.3f}" in text and "(n = 5 runs per pair)" in text
     with pytest.raises(AnalysisError, match="table' or 'json"):
         analyze(out, "demo", "csv")

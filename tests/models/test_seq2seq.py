@@ -233,6 +233,20 @@ def test_reductions_on_a_hand_made_batch() -> None:
     assert REDUCTIONS["step_mean_sum"](ce, b).item() == pytest.approx(
         (1 + 8) / 2 + (2 + 16) / 2 + 4
     )
+    assert REDUCTIONS["sum_per_sequence"](ce, b).item() == pytest.approx(31.0 / 2)  # 2 sequences
+
+
+def test_sum_per_sequence_scales_the_summed_gradient_by_one_over_the_batch() -> None:
+    """Sutskever et al.'s ``sum / batch``: every gradient is the summed loss's over B."""
+    data = pairs(12, seed=3)
+    rows = [np.arange(8)]
+    grads = {}
+    for reduction in ("sum", "sum_per_sequence"):
+        m = model(1, [4], init_range=0.5)
+        m.loss(m.make_batch(data, rows, torch.device("cpu")), None, reduction).sum().backward()
+        grads[reduction] = [p.grad.clone() for p in m.parameters()]
+    for g_sum, g_seq in zip(grads["sum"], grads["sum_per_sequence"], strict=True):
+        assert torch.allclose(g_seq * 8, g_sum, rtol=1e-5, atol=1e-7)
 
 
 # --- equivalence: fast vs reference --------------------------------------------------------

@@ -567,3 +567,46 @@ def test_malformed_or_foreign_files_are_data_errors(tmp_path: Path) -> None:
     (tmp_path / "grammar_short.tst.full.tsv").write_text("\n")
     with pytest.raises(DataError, match="no rows"):
         task.build(0)
+
+
+def test_end_symbol_ends_every_generated_input_and_keeps_scores_and_decode_lengths(
+    small: tuple[SymbolRewriting, TaskData],
+) -> None:
+    """``end_symbol``: every source gains a final ``.`` (its own vocab id); the splits are
+    otherwise the same inputs, validity ignores the marker and decoding lengths do not grow."""
+    plain_task, plain = small
+    task = SymbolRewriting(SymbolRewritingConfig(**SMALL, end_symbol=True))
+    data = task.build(11)
+    dot = task.src_vocab.index["."]
+    assert dot == len(plain_task.src_vocab) and len(task.src_vocab) == len(plain_task.src_vocab) + 1
+    for name, split in data.splits.items():
+        mine, theirs = split.data, plain.splits[name].data
+        assert all(s[-1] == dot and np.array_equal(s[:-1], t) for s, t in zip(mine.src, theirs.src, strict=True))
+        assert all(np.array_equal(a, b) for a, b in zip(mine.tgt, theirs.tgt, strict=True))
+        lengths = np.array([len(s) for s in mine.src])
+        assert np.array_equal(data.meta["decode_len"](lengths), plain.meta["decode_len"](lengths - 1))
+        out = task.score(split, with_eos(mine.tgt))
+        assert out["accuracy"].all() and out["exact"].all(), name
+    assert task.render_example(data, data.splits["standard"], 0)[0].endswith(" .")
+
+
+def test_end_symbol_in_loaded_published_files(shared_data: Path) -> None:
+    folder = shared_data / "symbol_rewriting"
+    task = SymbolRewriting(SymbolRewritingConfig(data_dir=str(folder), end_symbol=True, train_size=200))
+    data = task.build(0)
+    dot = task.src_vocab.index["."]
+    for split, fname in PUBLISHED_FILES.items():
+        rows = parse_tsv(folder / fname)
+        src = data.splits[split].data.src
+        assert all(s[-1] == dot and len(s) == len(r[0]) + 1 for s, r in zip(src, rows, strict=True))
+        out = task.score(data.splits[split], with_eos(data.splits[split].data.tgt))
+        assert out["accuracy"].mean() == pytest.approx(PUBLISHED_PASS[split], abs=1e-9), split
+
+
+def test_end_symbol_is_an_added_field_that_keeps_old_trial_ids() -> None:
+    from trainables.spec import RunSpec
+
+    raw = {"task": {"name": "symbol_rewriting", **SMALL}, "model": {"name": "seq2seq"}}
+    before = RunSpec.from_dict(raw).trial_id()
+    assert RunSpec.from_dict({**raw, "task": {**raw["task"], "end_symbol": False}}).trial_id() == before
+    assert RunSpec.from_dict({**raw, "task": {**raw["task"], "end_symbol": True}}).trial_id() != before

@@ -85,6 +85,14 @@ class Model(nn.Module, ABC):
     the cache beyond it)."""
 
     @classmethod
+    def max_bundle(cls, config: FrozenConfig) -> int | None:
+        """The most seeds one bundle of ``config`` may hold (None: any number), checked before
+        Ray against ``execution.bundle_size`` (``auto`` keeps to it). The default follows the
+        convention that a config field ``impl: reference`` selects a one-seed reference
+        implementation (seq2seq's); a model with other limits overrides this."""
+        return 1 if getattr(config, "impl", None) == "reference" else None
+
+    @classmethod
     def metric_names(cls, config: FrozenConfig) -> tuple[str, ...]:
         """Names :meth:`example_metrics` returns with ``config`` (``loss`` first). Checked
         before Ray against what a study selects on or tunes; a model adding metrics

@@ -11,7 +11,7 @@ marks an example "correct" for the ``predictions`` table.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from trainables.configbase import FrozenConfig
 from trainables.data import Arrays, DataKind, Role, SeqPairs, SeqTags, Split, SplitData, TaskData
-from trainables.errors import ConfigError
+from trainables.errors import ConfigError, DataError
 
 
 def check_data_dir(
@@ -45,6 +45,37 @@ def check_data_dir(
             f"{data_dir} lacks {', '.join(missing)}",
             f"point it at the folder with the published {dataset} files, or unset it to {fallback}",
         )
+
+
+def check_files(load: Callable[[], object], dataset: str, fix: str | None = None) -> None:
+    """Run ``load`` (a task's reader of its ``data_dir`` files) before Ray starts: a malformed,
+    empty, non-UTF-8 or unreadable file, or one with unknown symbols, becomes a ConfigError
+    naming ``task.data_dir`` (instead of failing inside a Ray worker after retries)."""
+    try:
+        load()
+    except ConfigError:
+        raise
+    except DataError as exc:
+        raise ConfigError(
+            "task.data_dir", _clip(str(exc).split("; ")[0], 300),
+            fix or f"point task.data_dir at the published {dataset} files, or unset it to generate the data",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            "task.data_dir", f"cannot read {exc.filename or 'a data file'} ({exc.strerror or exc})",
+            "make the files readable",
+        ) from None
+
+
+def decode_text(path: Path, encoding: str = "utf-8") -> str:
+    """A data file's text; a file that is not ``encoding`` is a DataError naming it."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path} is not {encoding} text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 def _clip(text: str, width: int = 120) -> str:

@@ -52,7 +52,7 @@ from trainables.configbase import FrozenConfig
 from trainables.data import Role, SeqTags, Split, TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Task, check_data_dir
+from trainables.tasks.base import Task, check_data_dir, check_files, decode_text
 
 OPEN, CLOSE = 0, 1
 """Input ids of ``(`` and ``)``."""
@@ -324,7 +324,7 @@ def read_published(path: Path, rows: slice | None = None) -> SeqTags:
     ``ids`` are the row numbers in the file.
     """
     try:
-        lines = path.read_text(encoding="ascii").splitlines()
+        lines = decode_text(path, "ascii").splitlines()
     except FileNotFoundError as exc:
         raise DataError(
             f"{path} not found; point task.data_dir at the published Dyck-1 files"
@@ -335,7 +335,7 @@ def read_published(path: Path, rows: slice | None = None) -> SeqTags:
     for i in index:
         fields = lines[i].split(",", 2)
         seq, digits = fields[0], fields[1] if len(fields) > 1 else ""
-        if len(seq) != len(digits) or not set(digits) <= {"0", "1"}:
+        if not seq or len(seq) != len(digits) or not set(digits) <= {"0", "1"}:
             raise DataError(
                 f"{path}:{i + 1}: expected 'sequence,targets,...' with one 0/1 digit per "
                 "bracket; check task.data_dir points at the published Dyck-1 files"
@@ -494,7 +494,13 @@ class Dyck1(Task):
     config: Dyck1Config
 
     def check(self, data_dir_required: bool = False) -> None:
-        """Raise ConfigError if ``data_dir`` is set (or required) but lacks a published file."""
+        """Raise ConfigError if ``data_dir`` is set (or required) but lacks a published file,
+        or one of them is malformed (read in full, as a worker would)."""
+        self._check_paths(data_dir_required)
+        if self.config.data_dir is not None:
+            check_files(self._load, "Dyck-1")
+
+    def _check_paths(self, data_dir_required: bool = False) -> None:
         check_data_dir(
             self.config.data_dir, list(PUBLISHED_FILES.values()), "Dyck-1",
             required=data_dir_required, fallback="generate the data",
@@ -550,7 +556,7 @@ class Dyck1(Task):
 
     def build(self, data_seed: int) -> TaskData:
         """All splits, generated from ``data_seed`` (or read from ``data_dir``, seed unused)."""
-        self.check()
+        self._check_paths()
         parts = self._load() if self.config.data_dir is not None else self._generate(data_seed)
         splits = {name: Split(name, SPLIT_ROLES[name], data) for name, data in parts.items()}
         meta = {

@@ -56,7 +56,7 @@ from trainables.configbase import FrozenConfig
 from trainables.data import Arrays, Split, TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Task
+from trainables.tasks.base import Task, check_files
 
 N_CLASSES = 10
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
@@ -282,7 +282,13 @@ class MnistPairs(Task):
     config: MnistPairsConfig
 
     def check(self, data_dir_required: bool = False) -> None:
-        """Raise ConfigError unless ``data_dir`` is set and holds the t10k images and labels."""
+        """Raise ConfigError unless ``data_dir`` is set and holds the t10k images and labels,
+        intact (every IDX file the pools use is read, as a worker would)."""
+        self._check_paths()
+        check_files(self._read_files, "MNIST IDX",
+                    "point task.data_dir at a folder with intact MNIST IDX files (download them again)")
+
+    def _check_paths(self) -> None:
         data_dir = self.config.data_dir
         if data_dir is None:
             raise ConfigError(
@@ -298,9 +304,16 @@ class MnistPairs(Task):
                 "point it at a folder with the MNIST IDX files",
             )
 
+    def _read_files(self) -> None:
+        """Read (and so check) every IDX file the pools would use."""
+        root = Path(str(self.config.data_dir))
+        load_mnist(root, T10K)
+        if self.config.pool_source == "auto" and find_idx(root, TRAIN[0]) is not None:
+            load_mnist(root, TRAIN)
+
     def _pools(self, rng: np.random.Generator) -> tuple[Arrays, Arrays, str]:
         """(train pool, test pool, source) - see the module docstring."""
-        self.check()
+        self._check_paths()
         root = Path(str(self.config.data_dir))
         test_images, test_labels = load_mnist(root, T10K)
         has_train = find_idx(root, TRAIN[0]) is not None

@@ -51,7 +51,7 @@ from trainables.configbase import FrozenConfig
 from trainables.data import EOS, SeqPairs, Split, TaskData, Vocab
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.base import Task, check_data_dir
+from trainables.tasks.base import Task, check_data_dir, check_files, decode_text
 
 PRIMITIVES: dict[str, str] = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS: dict[str, str] = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
@@ -112,18 +112,21 @@ def scan_commands() -> list[Pair]:
 def parse_scan_file(path: Path) -> list[Pair]:
     """Read a published SCAN file (lines ``IN: <command> OUT: <actions>``)."""
     pairs: list[Pair] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            if not line.startswith("IN: ") or " OUT: " not in line:
-                raise DataError(
-                    f"{path}:{lineno}: expected 'IN: <command> OUT: <actions>', got {line[:60]!r}; "
-                    "point task.data_dir at the published SCAN files"
-                )
-            command, actions = line[4:].split(" OUT: ", 1)
-            pairs.append((command.strip(), tuple(actions.split())))
+    for lineno, line in enumerate(decode_text(path).splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if not line.startswith("IN: ") or " OUT: " not in line:
+            raise DataError(
+                f"{path}:{lineno}: expected 'IN: <command> OUT: <actions>', got {line[:60]!r}; "
+                "point task.data_dir at the published SCAN files"
+            )
+        command, actions = line[4:].split(" OUT: ", 1)
+        if not command.split() or not actions.split():
+            raise DataError(f"{path}:{lineno}: an empty command or action sequence")
+        pairs.append((command.strip(), tuple(actions.split())))
+    if not pairs:
+        raise DataError(f"{path} holds no 'IN: <command> OUT: <actions>' lines")
     return pairs
 
 
@@ -237,15 +240,25 @@ class Scan(Task):
         return [PUBLISHED_FILES["train" if setting_a else "all"], PUBLISHED_FILES["test"]]
 
     def check(self, data_dir_required: bool = False) -> None:
-        """Raise ConfigError if ``data_dir`` is needed but unset, or lacks a published file."""
+        """Raise ConfigError if ``data_dir`` is needed but unset, lacks a published file, or a
+        file is malformed (not UTF-8, not ``IN: ... OUT: ...`` lines, unknown words)."""
+        self._check_paths(data_dir_required)
+        if self.config.data_dir is not None:
+            check_files(self._read_files, "SCAN")
+
+    def _check_paths(self, data_dir_required: bool = False) -> None:
         check_data_dir(
             self.config.data_dir, self._files_needed(), "SCAN",
             required=data_dir_required, fallback="generate the data from the grammar",
         )
 
+    def _read_files(self) -> None:
+        for pairs in self._pairs():
+            _encode(pairs, np.arange(len(pairs)))
+
     def _pairs(self) -> tuple[list[Pair], list[Pair]]:
         """(train, test) pairs, generated or read from ``data_dir``."""
-        self.check()
+        self._check_paths()
         if self.config.data_dir is not None:
             train_file, test_file = self._files_needed()
             root = Path(self.config.data_dir)

@@ -44,8 +44,18 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import model_validator
 
-from trainables.configbase import FrozenConfig
-from trainables.data import EOS, Role, SeqPairs, Split, TaskData, Vocab, padded_rows, row_lengths
+from trainables.configbase import FrozenConfig, added_field
+from trainables.data import (
+    EOS,
+    Role,
+    SeqPairs,
+    Split,
+    TaskData,
+    TokenRows,
+    Vocab,
+    padded_rows,
+    row_lengths,
+)
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
 from trainables.tasks.base import Task
@@ -55,6 +65,7 @@ from trainables.tasks.symbol_rewriting_data import (
     NoRepeat,
     Runs,
     UsedKeys,
+    check_published_files,
     draw_inputs,
     input_symbols,
     parse_tsv,
@@ -85,6 +96,9 @@ SPLIT_ROLES: dict[str, Role] = {
 _SPAWN_KEY = {"standard": 1, "repeat": 2, "short": 3, "long": 4, "val_ood": 5, "val": 6, "train": 7}
 """Fixed per-split spawn keys: each split has its own generator derived from the data seed."""
 
+
+END_SYMBOL = "."
+"""The end-of-input symbol of the published data (``task.end_symbol``)."""
 
 class SymbolRewritingConfig(FrozenConfig):
     """Symbol-rewriting data: alphabet, split sizes and length ranges (defaults: the paper)."""
@@ -123,6 +137,11 @@ class SymbolRewritingConfig(FrozenConfig):
     """Folder with the published files (grammar_std.tst.full.tsv, grammar_repeat.tst.full.tsv,
     grammar_short.tst.full.tsv, grammar_long.tst.full.tsv, grammar.val.tsv); they replace
     standard, repeat, short, long and val_ood. None: generate every split."""
+    end_symbol: bool = added_field(False)
+    """End every input with the symbol ``.`` (an extra source token), in generated and loaded
+    data alike. Every input of the published files ends with it, and their attention column
+    aligns the decoder's EOS step with it; without it the EOS step has no input of its own.
+    Scoring and decoding lengths do not count it."""
 
     @model_validator(mode="after")
     def _check(self) -> SymbolRewritingConfig:
@@ -201,12 +220,15 @@ def _validate(c: SymbolRewritingConfig) -> None:
 
 @dataclass(frozen=True)
 class DecodeLen:
-    """Greedy decoding steps per example: ``tokens_per_symbol * len + 1`` (incl. EOS)."""
+    """Greedy decoding steps per example: ``tokens_per_symbol * symbols + 1`` (incl. EOS),
+    where ``symbols`` is the source length less the end symbol, if inputs carry one."""
 
     tokens_per_symbol: int
+    end_symbol: bool = False
 
     def __call__(self, src_lengths: np.ndarray) -> np.ndarray:
-        return np.asarray(src_lengths, dtype=np.int64) * self.tokens_per_symbol + 1
+        symbols = np.asarray(src_lengths, dtype=np.int64) - int(self.end_symbol)
+        return symbols * self.tokens_per_symbol + 1
 
 
 def score_rewrites(
@@ -277,7 +299,8 @@ class SymbolRewriting(Task):
     def __init__(self, config: SymbolRewritingConfig | None = None) -> None:
         super().__init__(config or SymbolRewritingConfig())
         self.cfg: SymbolRewritingConfig = self.config  # type: ignore[assignment]
-        self.src_vocab = Vocab.build(input_symbols(self.cfg.n_symbols))
+        end = [END_SYMBOL] if self.cfg.end_symbol else []
+        self.src_vocab = Vocab.build(input_symbols(self.cfg.n_symbols) + end)
         self.tgt_vocab = Vocab.build(
             target_tokens(self.cfg.n_symbols, self.cfg.sub_alphabets, self.cfg.n_values)
         )
@@ -285,8 +308,12 @@ class SymbolRewriting(Task):
     # ---- data -------------------------------------------------------------------------
 
     def check(self, data_dir_required: bool = False) -> None:
-        """Check ``data_dir`` and its five files exist (call before any Ray work)."""
-        self._published_paths(data_dir_required)
+        """Check ``data_dir`` and its five files: present, readable, well-formed, in this
+        config's alphabets (call before any Ray work)."""
+        paths = self._published_paths(data_dir_required)
+        if paths:
+            c = self.cfg
+            check_published_files(paths, c.n_symbols, c.sub_alphabets, c.n_values)
 
     def split_roles(self) -> dict[str, Role]:
         """Split name -> role, without building any data."""
@@ -376,15 +403,22 @@ class SymbolRewriting(Task):
                 field=f"task.{field}",
             )
             data[split] = self._pairs(blocks, rng)
+        if c.end_symbol:
+            data = {name: self._with_end(pairs) for name, pairs in data.items()}
         splits = {name: Split(name, role, data[name]) for name, role in SPLIT_ROLES.items()}
         meta = {
             "src_vocab": self.src_vocab,
             "tgt_vocab": self.tgt_vocab,
             "max_src_len": max(max(map(len, d.src)) for d in data.values()),
             "max_tgt_len": max(max(map(len, d.tgt)) for d in data.values()),
-            "decode_len": DecodeLen(len(c.sub_alphabets)),
+            "decode_len": DecodeLen(len(c.sub_alphabets), c.end_symbol),
         }
         return TaskData(splits=splits, meta=meta)
+
+    def _with_end(self, pairs: SeqPairs) -> SeqPairs:
+        """``pairs`` with the end symbol appended to every source."""
+        end = np.array([self.src_vocab.index[END_SYMBOL]], dtype=np.int64)
+        return SeqPairs(src=[np.concatenate([s, end]) for s in pairs.src], tgt=pairs.tgt, ids=pairs.ids)
 
     def _pairs(self, blocks: list[np.ndarray], rng: np.random.Generator) -> SeqPairs:
         """Per-length input blocks -> shuffled SeqPairs with gold targets."""
@@ -408,6 +442,8 @@ class SymbolRewriting(Task):
         if not isinstance(data, SeqPairs):
             raise TypeError(f"split {split.name} holds {type(data).__name__}, not SeqPairs")
         src, tgt = data.rows()
+        if self.cfg.end_symbol:  # validity is judged on the symbols, not the end marker
+            src = TokenRows(src.tokens, src.lengths - 1)
         return score_rewrites(
             src,
             tgt,

@@ -388,3 +388,38 @@ def parse_tsv(path: Path) -> list[tuple[list[str], list[str]]]:
                 src = src[:-1]
             rows.append((src, cols[1].split()))
     return rows
+
+
+def check_published_files(
+    paths: dict[str, Path], n_symbols: int, sub_alphabets: str, n_values: int
+) -> None:
+    """Read every published file in ``paths`` (split -> path) as a worker would and raise a
+    ConfigError naming ``task.data_dir`` for the first problem: unreadable, not UTF-8, a
+    malformed row, no rows, a row without input, or a symbol / token outside the alphabets of
+    this config. Called before Ray starts (``SymbolRewriting.check``)."""
+    symbols = set(input_symbols(n_symbols))
+    tokens = set(target_tokens(n_symbols, sub_alphabets, n_values))
+    fix = (
+        "point task.data_dir at the five published symbol-rewriting files (they need "
+        "n_symbols >= 40, sub_alphabets containing A, B, C and n_values >= 2), or remove it"
+    )
+
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError("task.data_dir", problem, fix)
+
+    for path in paths.values():
+        try:
+            rows = parse_tsv(path)
+        except UnicodeDecodeError as exc:
+            raise refuse(f"{path} is not UTF-8 text (offset {exc.start})") from None
+        except DataError as exc:
+            raise refuse(str(exc).split("; ")[0]) from None
+        except OSError as exc:
+            raise refuse(f"cannot read {path} ({exc.strerror or exc})") from None
+        if not rows:
+            raise refuse(f"{path} has no rows")
+        for i, (src, tgt) in enumerate(rows, start=1):
+            unknown = [s for s in src if s not in symbols] + [t for t in tgt if t not in tokens]
+            if not src or unknown:
+                what = f"unknown symbols/tokens {unknown[:3]}" if unknown else "no input"
+                raise refuse(f"{path}: row {i} has {what}")

@@ -33,7 +33,8 @@ decoding, or beam search when ``beam_width > 1`` (:mod:`decode`).
 
 Loss reductions (the trainer's ``loss_reduction``): ``sum`` over every target token incl.
 EOS (the paper's; the only one that learns at SGD lr 0.125), ``token_mean``,
-``step_mean_sum`` (per-step mean over the batch, summed over steps); see
+``step_mean_sum`` (per-step mean over the batch, summed over steps), ``sum_per_sequence``
+(the sum divided by the number of sequences: Sutskever et al.'s ``sum / batch``); see
 :data:`REDUCTIONS`. Dropout masks follow the protocol in :mod:`layout`.
 
 No fused step: the trainer's generic step (autograd around the hand-written LSTM's
@@ -145,10 +146,17 @@ def reduce_step_mean_sum(ce: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
     return (ce * batch.tok_step_weight).sum(1)
 
 
+def reduce_sum_per_sequence(ce: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
+    """The summed loss divided by the member's number of sequences (``sum / batch``): what
+    Sutskever et al. (2014) and OpenNMT-py's default normalisation compute."""
+    return ce.sum(1) / batch.src_len.shape[1]
+
+
 REDUCTIONS: dict[str, Callable[[torch.Tensor, Seq2SeqBatch], torch.Tensor]] = {
     "sum": reduce_sum,
     "token_mean": reduce_token_mean,
     "step_mean_sum": reduce_step_mean_sum,
+    "sum_per_sequence": reduce_sum_per_sequence,
 }
 
 

@@ -1,0 +1,183 @@
+"""Honest intervals: bootstrap (scipy), binomial proportions (scipy), Holm, seed warnings.
+
+Pure functions; ``values`` are 1-D (``(n,)``: one value per run, NaNs dropped).
+
+* Every bootstrap interval here comes from :func:`scipy.stats.bootstrap` (BCa by default,
+  percentile where BCa is undefined). A bootstrap interval of a mean lies inside
+  ``[min, max]`` of the values, so it never leaves the metric's range (an accuracy's
+  interval stays in [0, 1]); a t interval of values near 1 does not (``t_high 1.08``).
+* Proportions (a share of runs, e.g. runs that never learned) get a Wilson score or
+  Clopper-Pearson interval (:meth:`scipy.stats.binomtest(...).proportion_ci`), also in [0, 1].
+* :func:`holm` adjusts p-values for multiple comparisons (Holm 1979; checked against
+  ``statsmodels.stats.multitest.multipletests(method="holm")`` in the tests).
+* :data:`MIN_SEEDS`: numbers from fewer runs carry :func:`seed_warning` beside them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from analysis.errors import AnalysisError
+from analysis.stats import Interval
+
+MIN_SEEDS = 10
+"""Below this many seeds a number is flagged: its interval is too short-based to trust."""
+
+PROPORTION_METHODS = {"wilson": "wilson", "clopper-pearson": "exact"}
+
+
+def seed_warning(n: int, min_seeds: int = MIN_SEEDS) -> str:
+    """``"n<10"`` (the warning printed beside a number from ``n`` < ``min_seeds`` runs), else ``""``."""
+    return f"n<{min_seeds}" if n < min_seeds else ""
+
+
+def _clean(values: Any) -> np.ndarray:
+    a = np.asarray(values, dtype=float).ravel()
+    return a[~np.isnan(a)]
+
+
+def _scipy_bootstrap(
+    samples: tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
+    *,
+    n_boot: int,
+    level: float,
+    seed: int,
+    method: str,
+) -> tuple[float, float, str]:
+    """(low, high, method used): scipy's bootstrap, BCa falling back to percentile."""
+    methods = [method] if method == "percentile" else [method, "percentile"]
+    for m in methods:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = sps.bootstrap(
+                samples,
+                statistic,
+                n_resamples=n_boot,
+                confidence_level=level,
+                method=m,
+                vectorized=True,
+                rng=np.random.default_rng(seed),
+            )
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if np.isfinite(lo) and np.isfinite(hi):
+            return lo, hi, f"bootstrap-{m.lower()}"
+    return float("nan"), float("nan"), f"bootstrap-{methods[-1].lower()}"
+
+
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def mean_interval(
+    values: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0, method: str = "BCa"
+) -> Interval:
+    """Bootstrap interval of the mean of ``values`` (n,) (scipy, BCa; percentile fallback).
+
+    The interval lies within ``[min(values), max(values)]``. NaN bounds for n < 2; a
+    point interval when every value is equal (the bootstrap has nothing to resample).
+    """
+    a = _clean(values)
+    est = float(a.mean()) if a.size else float("nan")
+    if a.size < 2:
+        return Interval(est, float("nan"), float("nan"), level, "bootstrap-bca", int(a.size))
+    if np.ptp(a) == 0:
+        return Interval(est, est, est, level, "constant", int(a.size))
+    lo, hi, used = _scipy_bootstrap(
+        (a,), _mean, n_boot=n_boot, level=level, seed=seed, method=method
+    )
+    return Interval(est, max(lo, float(a.min())), min(hi, float(a.max())), level, used, int(a.size))
+
+
+def diff_interval(
+    a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0, method: str = "BCa"
+) -> Interval:
+    """Bootstrap interval of mean(a) - mean(b) for independent samples ``a`` (n_a,), ``b`` (n_b,).
+
+    Each sample is resampled on its own (scipy's multi-sample bootstrap); ``n`` is
+    ``n_a + n_b``. NaN bounds when a sample has fewer than 2 values.
+    """
+    x, y = _clean(a), _clean(b)
+    est = float(x.mean() - y.mean()) if x.size and y.size else float("nan")
+    n = int(x.size + y.size)
+    if x.size < 2 or y.size < 2:
+        return Interval(est, float("nan"), float("nan"), level, "bootstrap-bca", n)
+    if np.ptp(x) == 0 and np.ptp(y) == 0:
+        return Interval(est, est, est, level, "constant", n)
+
+    def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.mean(u, axis=axis) - np.mean(v, axis=axis)
+
+    lo, hi, used = _scipy_bootstrap(
+        (x, y), stat, n_boot=n_boot, level=level, seed=seed, method=method
+    )
+    return Interval(est, lo, hi, level, used, n)
+
+
+def a12(a: Any, b: Any) -> float:
+    """Vargha-Delaney A12 = P(A > B) + P(A = B) / 2 over all (a, b) pairs: the probability
+    of improvement of ``a`` (n_a,) over ``b`` (n_b,). Equals U_a / (n_a n_b) (Mann-Whitney)."""
+    x, y = _clean(a), _clean(b)
+    if not x.size or not y.size:
+        return float("nan")
+    gt = (x[:, None] > y[None, :]).mean()
+    eq = (x[:, None] == y[None, :]).mean()
+    return float(gt + eq / 2)
+
+
+def a12_interval(
+    a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> Interval:
+    """Percentile bootstrap interval of :func:`a12` (each sample resampled on its own,
+    as rliable's probability of improvement); inside [0, 1]."""
+    x, y = _clean(a), _clean(b)
+    est = a12(x, y)
+    n = int(x.size + y.size)
+    if x.size < 2 or y.size < 2:
+        return Interval(est, float("nan"), float("nan"), level, "bootstrap-percentile", n)
+
+    def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
+        u, v = np.moveaxis(u, axis, -1), np.moveaxis(v, axis, -1)
+        gt = (u[..., :, None] > v[..., None, :]).mean(axis=(-2, -1))
+        eq = (u[..., :, None] == v[..., None, :]).mean(axis=(-2, -1))
+        return gt + eq / 2
+
+    lo, hi, used = _scipy_bootstrap(
+        (x, y), stat, n_boot=n_boot, level=level, seed=seed, method="percentile"
+    )
+    return Interval(est, lo, hi, level, used, n)
+
+
+def proportion_interval(k: int, n: int, *, level: float = 0.95, method: str = "wilson") -> Interval:
+    """k successes of n as a proportion with a Wilson score (default) or Clopper-Pearson
+    (``"clopper-pearson"``) interval from :func:`scipy.stats.binomtest`; NaN for n = 0."""
+    if method not in PROPORTION_METHODS:
+        raise AnalysisError(
+            f"unknown proportion interval {method!r}; use wilson or clopper-pearson"
+        )
+    if n <= 0:
+        return Interval(float("nan"), float("nan"), float("nan"), level, method, 0)
+    ci = sps.binomtest(int(k), int(n)).proportion_ci(level, method=PROPORTION_METHODS[method])
+    return Interval(k / n, float(ci.low), float(ci.high), level, method, int(n))
+
+
+def holm(pvalues: Any) -> np.ndarray:
+    """Holm's step-down adjusted p-values (n,) for p-values (n,) (NaNs pass through).
+
+    Sorted ascending p_(1) <= ... <= p_(m): adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    """
+    p = np.asarray(pvalues, dtype=float).ravel()
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(~np.isnan(p))
+    m = ok.size
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return out

@@ -1,0 +1,440 @@
+"""The answer at a glance: does the config or the seed decide a study's results?
+
+Pure functions on long DataFrames (one row per run), plus :func:`study_verdict` that feeds
+them a study. ``values``: columns ``trial_id``, ``point`` (label), ``seed``, ``split``,
+``value`` (one metric), committed runs with status ``ok`` only: runs that diverged, failed
+or never learned (``not_learned``) are counted apart (:func:`excluded_runs`), never
+averaged in.
+
+Sections (see docs/analysis.md for the JSON schema):
+
+* **shares** (a grid: several configs, several seeds each): per split, the share of the
+  metric's variance between configs, with an interval
+  (:func:`analysis.variance.variance_share`). Model: one-way *fixed* effects (omega^2,
+  noncentral-F interval), because a grid's configs are chosen, not drawn from a population
+  of configs; ICC(1) of the random-effects model is given beside it for readers who treat
+  the configs as a sample.
+* **seed sources**: where configs varied different seed sources (``seeds.vary``), each
+  source's share of the seed variance (:func:`source_shares`, bootstrap interval).
+* **comparisons**: config vs config per split: difference of means (bootstrap BCa
+  interval), Hedges g, A12 = probability of improvement (bootstrap interval), Welch p
+  and Holm-adjusted p over every comparison in the table (one family).
+* **tuning** (candidates chosen adaptively, where no variance share applies): expected
+  best objective vs number of candidates (Dodge et al. 2019) and winner vs runner-up.
+* **sentence**: one quotable line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import intervals as iv
+from analysis import stats
+from analysis.schema import SEED_SOURCES
+from analysis.variance import variance_share
+
+MAX_ALL_PAIRS = 6
+"""Up to this many configs every pair is compared; beyond, each config against the best."""
+
+MODEL_REASON = (
+    "one-way fixed-effects ANOVA (omega^2, noncentral-F interval): the grid's configs were "
+    "chosen, not drawn from a population of configs, so the share is about these configs; "
+    "ICC(1) of the random-effects model is listed beside it"
+)
+
+COMPARISON_COLUMNS = (
+    "split", "better", "worse", "n_better", "n_worse", "mean_better", "mean_worse", "diff",
+    "diff_low", "diff_high", "diff_method", "hedges_g", "a12", "a12_low", "a12_high", "p",
+    "p_holm", "warn",
+)  # fmt: skip
+SHARE_COLUMNS = (
+    "split", "configs", "runs", "seeds_min", "between", "low", "high", "seeds_share", "method",
+    "icc1", "icc1_low", "icc1_high", "F", "p", "warn",
+)  # fmt: skip
+
+
+@dataclass
+class Verdict:
+    """A study's verdict; ``design`` is ``grid``, ``tune`` or ``single`` (no verdict)."""
+
+    design: str
+    metric: str | None
+    higher_is_better: bool
+    splits: list[str]
+    sentence: str
+    reason: str = ""
+    model: str | None = None
+    shares: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SHARE_COLUMNS))
+    sources: pd.DataFrame = field(default_factory=pd.DataFrame)
+    comparisons: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=COMPARISON_COLUMNS)
+    )
+    excluded: pd.DataFrame = field(default_factory=pd.DataFrame)
+    expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)
+    warnings: list[str] = field(default_factory=list)
+
+
+def pct(v: float) -> str:
+    """A share as a whole percent (``41``), ``?`` when undefined."""
+    return "?" if v is None or not np.isfinite(v) else f"{100 * v:.0f}"
+
+
+def grid_shares(values: pd.DataFrame, splits: list[str], *, level: float = 0.95) -> pd.DataFrame:
+    """Per split: the between-config share (fixed effects) and ICC(1) (random) with intervals.
+
+    ``values``: one row per ok run and split (columns trial_id, split, value). Returns
+    :data:`SHARE_COLUMNS`, one row per split with at least 2 configs.
+    """
+    rows = []
+    for split in splits:
+        sub = values[values["split"] == split].dropna(subset=["value"])
+        sizes = sub.groupby("trial_id").size()
+        if len(sizes) < 2:
+            continue
+        fx = variance_share(sub, "trial_id", model="fixed", level=level)
+        rx = variance_share(sub, "trial_id", model="random", level=level)
+        rows.append((split, fx.n_groups, fx.n, int(sizes.min()), fx.estimate, fx.low, fx.high,
+                     1 - fx.estimate, fx.method, rx.estimate, rx.low, rx.high, fx.f_stat, fx.p,
+                     iv.seed_warning(int(sizes.min()))))  # fmt: skip
+    return pd.DataFrame(rows, columns=list(SHARE_COLUMNS))
+
+
+def compare_configs(
+    values: pd.DataFrame,
+    splits: list[str],
+    *,
+    higher_is_better: bool = True,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Config vs config per split; every pair up to :data:`MAX_ALL_PAIRS` configs, else
+    each config against the best one.
+
+    ``values``: columns point, split, value (ok runs). Each row names the ``better`` config
+    (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with a
+    bootstrap interval, Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
+    with a bootstrap interval, Welch's p and Holm's adjustment over every row (one family).
+    Returns :data:`COMPARISON_COLUMNS`.
+    """
+    rows = []
+    for split in splits:
+        sub = values[values["split"] == split].dropna(subset=["value"])
+        groups = {p: g["value"].to_numpy(dtype=float) for p, g in sub.groupby("point", sort=True)}
+        groups = {p: v for p, v in groups.items() if v.size >= 2}
+        sign = 1.0 if higher_is_better else -1.0
+        ranked = sorted(groups, key=lambda p: -sign * groups[p].mean())
+        if len(ranked) <= MAX_ALL_PAIRS:
+            pairs = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1 :]]
+        else:
+            pairs = [(ranked[0], b) for b in ranked[1:]]
+        for j, (a, b) in enumerate(pairs):
+            x, y = groups[a], groups[b]
+            c = stats.compare(x, y, n_boot=0)
+            d = iv.diff_interval(x, y, level=level, n_boot=n_boot, seed=seed + j)
+            u, w = (x, y) if higher_is_better else (-x, -y)
+            pi = iv.a12_interval(u, w, level=level, n_boot=n_boot, seed=seed + j)
+            g = c.hedges_g if higher_is_better else -c.hedges_g
+            rows.append((split, a, b, x.size, y.size, c.mean_a, c.mean_b, c.diff, d.low, d.high,
+                         d.method, g, pi.estimate, pi.low, pi.high, c.welch_p, np.nan,
+                         iv.seed_warning(min(x.size, y.size))))  # fmt: skip
+    df = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
+    if not df.empty:
+        df["p_holm"] = iv.holm(df["p"].to_numpy())
+    return df
+
+
+def source_shares(
+    values: pd.DataFrame, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Share of the seed variance per seed source, where configs varied one source each.
+
+    ``values``: one row per ok run of one split (columns trial_id, value and the seed-source
+    columns). A config (trial) whose runs vary exactly one source estimates that source's
+    variance (sample variance across its seeds; configs varying the same source are
+    pooled by averaging). share = var(source) / sum of the sources' variances, with a
+    percentile bootstrap interval resampling runs within each config (scipy; a resample
+    without any variance counts as an even split). Empty
+    unless at least two different sources were varied alone. Columns: source, configs,
+    runs, var, share, low, high, warn.
+    """
+    src = stats.source_variance_shares(values, group="trial_id")
+    single = src[~src["varied"].str.contains(r"\+|none", regex=True) & src["var"].notna()]
+    if single["varied"].nunique() < 2:
+        return pd.DataFrame()
+    names = sorted(single["varied"].unique())
+    samples = tuple(
+        values.loc[values["trial_id"] == g, "value"].dropna().to_numpy(dtype=float)
+        for g in single["group"]
+    )
+    owner = np.array([names.index(v) for v in single["varied"]])
+
+    def share(*s: np.ndarray, axis: int = -1) -> np.ndarray:
+        var = np.stack([np.var(x, axis=axis, ddof=1) for x in s], axis=0)  # (groups, ...)
+        per = np.stack([var[owner == i].mean(axis=0) for i in range(len(names))])
+        total = per.sum(axis=0)
+        even = np.full_like(per, 1.0 / len(names))  # a resample without any variance
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(total > 0, per / np.where(total > 0, total, 1.0), even)
+
+    est = share(*samples)
+    lows, highs = np.full(len(names), np.nan), np.full(len(names), np.nan)
+    for i in range(len(names)):
+        lo, hi, _ = iv._scipy_bootstrap(
+            samples, lambda *s, axis=-1, i=i: share(*s, axis=axis)[i],
+            n_boot=n_boot, level=level, seed=seed, method="percentile",
+        )  # fmt: skip
+        lows[i], highs[i] = lo, hi
+    per_var = [float(single.loc[single["varied"] == n, "var"].mean()) for n in names]
+    runs = [int(single.loc[single["varied"] == n, "n"].sum()) for n in names]
+    configs = [int((single["varied"] == n).sum()) for n in names]
+    warn = [iv.seed_warning(int(single.loc[single["varied"] == n, "n"].min())) for n in names]
+    return pd.DataFrame({"source": names, "configs": configs, "runs": runs, "var": per_var,
+                         "share": est, "low": lows, "high": highs, "warn": warn})  # fmt: skip
+
+
+def excluded_runs(runs: pd.DataFrame, labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """Committed runs per config by status, with the share not ``ok`` (Wilson interval).
+
+    ``runs``: one row per committed run (columns trial_id, status; NULL status counts as
+    ok). Returns columns point, trial_id, runs, ok, not_learned, diverged, other,
+    excluded_share, low, high: one row per config.
+    """
+    rows = []
+    for tid, sub in runs.groupby("trial_id", sort=True):
+        st = sub["status"].fillna("ok")
+        n, ok = len(st), int((st == "ok").sum())
+        nl, dv = int((st == "not_learned").sum()), int((st == "diverged").sum())
+        ci = iv.proportion_interval(n - ok, n, method="wilson")
+        rows.append(((labels or {}).get(tid, tid), tid, n, ok, nl, dv, n - ok - nl - dv,
+                     ci.estimate, ci.low, ci.high))  # fmt: skip
+    cols = ["point", "trial_id", "runs", "ok", "not_learned", "diverged", "other",
+            "excluded_share", "low", "high"]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+def grid_sentence(
+    shares: pd.DataFrame, comparisons: pd.DataFrame, metric: str, factor: str, headline: str
+) -> str:
+    """The quotable line of a grid verdict (headline split first)."""
+    row = shares[shares["split"] == headline]
+    if row.empty:
+        return (
+            f"Not enough configs with several ok runs to say whether {factor} or the seed decides."
+        )
+    r = row.iloc[0]
+    s = (
+        f"{factor[0].upper() + factor[1:]} explains {pct(r['between'])}% "
+        f"[{pct(r['low'])}, {pct(r['high'])}] of the variance of {headline} {metric} "
+        f"({r['configs']} configs, at least {r['seeds_min']} seeds each); the seeds the rest."
+    )
+    others = shares[shares["split"] != headline]
+    if not others.empty:
+        parts = ", ".join(f"{x['split']} {pct(x['between'])}%" for _, x in others.iterrows())
+        s += f" Other splits: {parts}."
+    cmp = comparisons[comparisons["split"] == headline]
+    if not cmp.empty:
+        top = cmp.sort_values("p_holm", kind="stable").iloc[0]
+        best = cmp.iloc[0]
+        s += (
+            f" Best: {best['better']} over {best['worse']} by {best['diff']:.3g} "
+            f"[{best['diff_low']:.3g}, {best['diff_high']:.3g}], P(improvement) "
+            f"{best['a12']:.2f}, Holm p = {best['p_holm']:.2g}."
+        )
+        if top["p_holm"] >= 0.05:
+            s += " No difference between configs is significant after Holm's correction."
+    if int(r["seeds_min"]) < iv.MIN_SEEDS:
+        s += f" (Fewer than {iv.MIN_SEEDS} seeds per config: indicative only.)"
+    return s
+
+
+def factor_name(points: list[dict[str, Any]]) -> str:
+    """What differs between configs, e.g. ``the grid point (model.cell)``."""
+    keys = sorted({k for p in points for k in p if len({str(q.get(k)) for q in points}) > 1})
+    return f"the grid point ({', '.join(keys)})" if keys else "the config"
+
+
+def tuning_section(
+    trials: pd.DataFrame, *, maximize: bool = True
+) -> tuple[pd.DataFrame, list[str]]:
+    """Expected best objective of n candidates (n = 1..N; Dodge et al. 2019) from the
+    trials' objectives, and the ids of the winner and runner-up.
+
+    ``trials``: columns trial_id, objective (NaN rows dropped). Returns (table with
+    columns n, expected_best, std; [winner, runner_up]). For a minimized objective the
+    expected minimum is given.
+    """
+    t = trials.dropna(subset=["objective"])
+    if t.empty:
+        return pd.DataFrame(columns=["n", "expected_best", "std"]), []
+    sign = 1.0 if maximize else -1.0
+    em = stats.expected_max(sign * t["objective"].to_numpy(dtype=float))
+    em = em.rename(columns={"expected_max": "expected_best"})
+    em["expected_best"] *= sign
+    order = t.sort_values("objective", ascending=not maximize, kind="stable")["trial_id"]
+    return em, [str(x) for x in order.head(2)]
+
+
+def runs_with_seeds(evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``evals`` rows joined with the runs' seed-source columns (on trial_id, seed)."""
+    cols = ["trial_id", "seed", *[s for s in SEED_SOURCES if s in runs.columns]]
+    return evals.merge(runs[cols], on=["trial_id", "seed"], how="left")
+
+
+# ---------------------------------------------------------------------------- one study
+
+
+def maximize(manifest: Any) -> bool:
+    """Tuning direction from a manifest (``objective.direction``, ``direction``, ``mode``,
+    or the config's ``tune.direction``/``tune.mode``); default maximize."""
+    if manifest is None:
+        return True
+    found = manifest.config.get("tune")
+    tune: dict[str, Any] = found if isinstance(found, dict) else {}
+    objective = manifest.raw.get("objective")
+    for value in (
+        objective.get("direction") if isinstance(objective, dict) else None,
+        manifest.raw.get("direction"),
+        manifest.raw.get("mode"),
+        tune.get("direction"),
+        tune.get("mode"),
+    ):
+        if isinstance(value, str):
+            return not value.lower().startswith("min")
+    return True
+
+
+def verdict_splits(splits: list[str], roles: dict[str, str], tests: list[str]) -> list[str]:
+    """The splits a verdict speaks about: the test splits, else val_ood, else val ones."""
+    for chosen in (tests, [s for s in splits if roles.get(s) == "val_ood"]):
+        if chosen:
+            return list(chosen)
+    return [s for s in splits if roles.get(s) != "train"] or list(splits)
+
+
+def study_verdict(ctx: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Verdict:
+    """The verdict of an open study (:class:`analysis.context.StudyContext`)."""
+    from analysis import queries as q
+
+    metric = ctx.primary
+    splits = verdict_splits(ctx.splits, ctx.roles, ctx.test_splits)
+    hib = q.higher_is_better(metric) if metric else True
+    runs = q.run_seeds(ctx.con, ctx.name)
+    excluded = excluded_runs(runs, ctx.labels)
+    e = ctx.evals
+    ok = e[e["status"].fillna("ok") == "ok"]
+    values = ok[(ok["metric"] == metric) & ok["split"].isin(splits)]
+    v = Verdict("single", metric, hib, splits, "", excluded=excluded)
+    n_out = int(excluded["runs"].sum() - excluded["ok"].sum()) if not excluded.empty else 0
+    if n_out:
+        nl = int(excluded["not_learned"].sum())
+        v.warnings.append(
+            f"{n_out} of {int(excluded['runs'].sum())} runs left out of every number "
+            f"({nl} never learned, {int(excluded['diverged'].sum())} diverged, "
+            f"{int(excluded['other'].sum())} other); see the excluded runs table"
+        )
+    sizes = values.groupby(["trial_id", "split"]).size()
+    seeds_min = int(sizes.min()) if not sizes.empty else 0
+    if seeds_min and seeds_min < iv.MIN_SEEDS:
+        v.warnings.append(
+            f"some configs have fewer than {iv.MIN_SEEDS} ok seeds (fewest: {seeds_min}): "
+            "numbers marked n<10 are indicative only"
+        )
+    if metric is None or values.empty:
+        v.sentence = "No committed evals with status ok: no verdict."
+        return v
+    if ctx.kind == "tune":
+        return _tune_verdict(ctx, v, ok, level=level, n_boot=n_boot, seed=seed)
+    n_configs = values["trial_id"].nunique()
+    if n_configs < 2 or seeds_min < 2:
+        v.reason = (
+            "one config: nothing to compare between configs (the spread across seeds is in "
+            "the summary)"
+            if n_configs < 2
+            else "configs with fewer than 2 ok seeds"
+        )
+        v.sentence = f"No verdict: {v.reason}."
+        return v
+    v.design, v.model = "grid", "fixed"
+    v.reason = MODEL_REASON
+    v.shares = grid_shares(values, splits, level=level)
+    v.comparisons = compare_configs(
+        values, splits, higher_is_better=hib, level=level, n_boot=n_boot, seed=seed
+    )
+    head = values[values["split"] == splits[0]]
+    v.sources = source_shares(runs_with_seeds(head, runs), level=level, n_boot=n_boot, seed=seed)
+    points = [dict(p.get("point", {})) for p in ctx.manifest.points] if ctx.manifest else []
+    v.sentence = grid_sentence(v.shares, v.comparisons, metric, factor_name(points), splits[0])
+    if not v.sources.empty:
+        v.sentence = sources_sentence(v.sources, metric, splits[0]) + " " + v.sentence
+    return v
+
+
+def sources_sentence(sources: pd.DataFrame, metric: str, split: str) -> str:
+    """The quotable line of a seed-source split: each source's share of the seed variance."""
+    parts = ", ".join(
+        f"{r['source']} {pct(r['share'])}% [{pct(r['low'])}, {pct(r['high'])}]"
+        for _, r in sources.iterrows()
+    )
+    return (
+        f"Of the seed variance of {split} {metric}, the seed sources varied one at a time "
+        f"explain: {parts}."
+    )
+
+
+def _tune_verdict(
+    ctx: Any, v: Verdict, ok: pd.DataFrame, *, level: float, n_boot: int, seed: int
+) -> Verdict:
+    from analysis import queries as q
+
+    v.design = "tune"
+    v.reason = (
+        "candidates were chosen adaptively by the search, so they are neither a designed grid "
+        "nor a random sample: no variance share; expected best vs number of candidates and "
+        "winner vs runner-up instead"
+    )
+    up = maximize(ctx.manifest)
+    trials = q.tuning_trials(ctx.con, ctx.name)
+    v.expected_max, top = tuning_section(trials, maximize=up)
+    if not top:
+        v.sentence = "Tuning study without objective values: no verdict."
+        return v
+    obj = ctx.manifest.raw.get("objective") if ctx.manifest else None
+    obj_split = obj.get("split") if isinstance(obj, dict) else None
+    obj_metric = obj.get("metric") if isinstance(obj, dict) else None
+    pair = ok[ok["trial_id"].isin(top)]
+    parts = []
+    if obj_split and obj_metric:
+        o = pair[(pair["split"] == obj_split) & (pair["metric"] == obj_metric)]
+        parts.append(o.assign(split=f"{obj_split} {obj_metric} (objective)"))
+    parts.append(pair[(pair["metric"] == v.metric) & pair["split"].isin(v.splits)])
+    both = pd.concat(parts, ignore_index=True)
+    order = list(dict.fromkeys(both["split"]))
+    hib = up if obj_metric else v.higher_is_better
+    v.comparisons = compare_configs(
+        both, order, higher_is_better=hib, level=level, n_boot=n_boot, seed=seed
+    )
+    best = trials.set_index("trial_id").loc[top[0], "objective"]
+    label = ctx.labels.get(top[0], top[0])
+    em = v.expected_max
+    n = len(em)
+    s = (
+        f"Best of {n} candidates: {label} (objective {best:.4g}). The expected best of n "
+        f"randomly drawn candidates goes from {em['expected_best'].iloc[0]:.4g} (n=1) to "
+        f"{em['expected_best'].iloc[-1]:.4g} (n={n})."
+    )
+    if len(top) > 1 and not v.comparisons.empty:
+        c = v.comparisons.iloc[0]
+        s += (
+            f" Winner vs runner-up on {c['split']}: {c['better']} ahead by {c['diff']:.3g} "
+            f"[{c['diff_low']:.3g}, {c['diff_high']:.3g}], P(improvement) {c['a12']:.2f}, "
+            f"Holm p = {c['p_holm']:.2g}" + (f" ({c['warn']} seeds)." if c["warn"] else ".")
+        )
+    else:
+        s += " Winner and runner-up have too few ok seeds each to be compared."
+    v.sentence = s
+    return v

@@ -1,0 +1,193 @@
+"""The verdict's statistics on tiny tables worked out by hand, and against scipy/statsmodels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from analysis import intervals as iv
+from analysis import stats
+from analysis.bands import curve_bands, performance_profile
+from analysis.variance import variance_share
+from analysis.verdict import compare_configs, excluded_runs, source_shares
+
+
+def test_mean_interval_is_scipys_bca_and_stays_inside_the_range() -> None:
+    acc = np.array([1.0, 1.0, 1.0, 0.9, 1.0, 0.95])
+    t = stats.t_interval(acc)
+    assert t.high > 1.0  # the t interval runs past an accuracy's range
+    ci = iv.mean_interval(acc, n_boot=3000, seed=3)
+    assert 0.9 <= ci.low <= ci.estimate <= ci.high <= 1.0
+    ref = sps.bootstrap(
+        (acc,), np.mean, n_resamples=3000, method="BCa", rng=np.random.default_rng(3)
+    )
+    assert (ci.low, ci.high) == pytest.approx(
+        (ref.confidence_interval.low, ref.confidence_interval.high)
+    )
+    assert ci.method == "bootstrap-bca"
+    const = iv.mean_interval([0.5, 0.5, 0.5])
+    assert (const.low, const.high, const.method) == (0.5, 0.5, "constant")
+    assert math.isnan(iv.mean_interval([0.3]).low)
+
+
+def test_diff_interval_matches_scipys_two_sample_bootstrap() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1, 1, 12), rng.normal(0, 1, 10)
+    d = iv.diff_interval(a, b, n_boot=2000, seed=5)
+    ref = sps.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis),
+        n_resamples=2000,
+        method="BCa",
+        rng=np.random.default_rng(5),
+    )
+    assert d.estimate == pytest.approx(a.mean() - b.mean())
+    assert (d.low, d.high) == pytest.approx(
+        (ref.confidence_interval.low, ref.confidence_interval.high)
+    )
+
+
+def test_a12_by_hand_and_as_mann_whitney() -> None:
+    # a = [1, 2, 3] vs b = [2, 2]: 2 of 6 pairs a > b, 2 ties -> 2/6 + (2/6)/2 = 0.5
+    assert iv.a12([1, 2, 3], [2, 2]) == pytest.approx(0.5)
+    assert iv.a12([3, 4], [1, 2]) == 1.0
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 5, 9).astype(float), rng.integers(0, 5, 7).astype(float)
+    u = sps.mannwhitneyu(a, b).statistic
+    assert iv.a12(a, b) == pytest.approx(u / (a.size * b.size))
+    ci = iv.a12_interval(a, b, n_boot=500)
+    assert 0.0 <= ci.low <= ci.estimate <= ci.high <= 1.0
+
+
+def test_proportion_intervals_by_hand() -> None:
+    # 0 of 12 runs: Wilson upper = z^2 / (n + z^2); Clopper-Pearson upper = 1 - 0.025^(1/12)
+    z2 = sps.norm.ppf(0.975) ** 2
+    w = iv.proportion_interval(0, 12)
+    assert (w.estimate, w.low) == (0.0, 0.0)
+    assert w.high == pytest.approx(z2 / (12 + z2))
+    cp = iv.proportion_interval(0, 12, method="clopper-pearson")
+    assert cp.high == pytest.approx(1 - 0.025 ** (1 / 12))
+    mid = iv.proportion_interval(3, 10)
+    assert 0 < mid.low < 0.3 < mid.high < 1
+
+
+def test_holm_by_hand_and_against_statsmodels() -> None:
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert iv.holm(p).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    rng = np.random.default_rng(4)
+    q = rng.uniform(0, 0.2, 15)
+    ref = multitest.multipletests(q, method="holm")[1]
+    assert iv.holm(q) == pytest.approx(ref)
+    assert math.isnan(iv.holm([0.1, np.nan])[1])
+
+
+def _groups(*groups: list[float]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"trial_id": [f"g{i}" for i, g in enumerate(groups) for _ in g],
+         "value": [v for g in groups for v in g]}
+    )  # fmt: skip
+
+
+def test_fixed_effects_share_by_hand_with_noncentral_f_bounds() -> None:
+    # [1, 2, 3] vs [4, 5, 6]: SSB 13.5, SSW 4, MSW 1, F 13.5; omega^2 = (13.5 - 1) / (17.5 + 1)
+    s = variance_share(_groups([1, 2, 3], [4, 5, 6]), model="fixed")
+    assert s.f_stat == pytest.approx(13.5)
+    assert s.estimate == pytest.approx(12.5 / 18.5)
+    lam_lo, lam_hi = 6 * s.low / (1 - s.low), 6 * s.high / (1 - s.high)  # share = lam / (lam + N)
+    assert sps.ncf.cdf(13.5, 1, 4, lam_lo) == pytest.approx(0.975, abs=1e-6)
+    assert sps.ncf.cdf(13.5, 1, 4, lam_hi) == pytest.approx(0.025, abs=1e-6)
+    assert 0 <= s.low < s.estimate < s.high <= 1
+    none = variance_share(_groups([1, 2, 3], [2, 1, 3]), model="fixed")
+    assert none.estimate == 0.0 and none.low == 0.0  # no between-config variance: clipped at 0
+
+
+def test_icc1_matches_shrout_fleiss_1979() -> None:
+    # Shrout & Fleiss (1979), Table 2: 6 targets x 4 judges; ICC(1,1) = .17, 95% [-.13, .72]
+    data = [[9, 2, 5, 8], [6, 1, 3, 2], [8, 4, 6, 8], [7, 1, 2, 6], [10, 5, 6, 9], [6, 2, 4, 7]]
+    s = variance_share(_groups(*data), model="random")
+    assert s.estimate == pytest.approx(0.166, abs=1e-3)
+    assert s.low == 0.0  # -0.13, clipped: a share is never negative
+    assert s.high == pytest.approx(0.72, abs=5e-3)
+
+
+def test_icc1_components_match_statsmodels_mixedlm() -> None:
+    smf = pytest.importorskip("statsmodels.formula.api")
+    rng = np.random.default_rng(7)
+    means = rng.normal(0, 1.0, 6)
+    df = pd.DataFrame(
+        {"trial_id": np.repeat([f"c{i}" for i in range(6)], 10),
+         "value": np.repeat(means, 10) + rng.normal(0, 0.8, 60)}
+    )  # fmt: skip
+    s = variance_share(df, model="random")
+    fit = smf.mixedlm("value ~ 1", df, groups=df["trial_id"]).fit(reml=True)
+    between, within = float(fit.cov_re.iloc[0, 0]), float(fit.scale)
+    assert s.var_between == pytest.approx(between, rel=1e-3)
+    assert s.var_within == pytest.approx(within, rel=1e-3)
+    assert s.estimate == pytest.approx(between / (between + within), rel=1e-3)
+
+
+def test_compare_configs_orders_better_first_and_holm_adjusts_every_row() -> None:
+    df = pd.DataFrame(
+        {"point": ["a"] * 4 + ["b"] * 4 + ["c"] * 4, "split": "test",
+         "value": [0.9, 0.8, 0.85, 0.95, 0.5, 0.6, 0.55, 0.65, 0.7, 0.75, 0.8, 0.72]}
+    )  # fmt: skip
+    c = compare_configs(df, ["test"], n_boot=500)
+    assert list(zip(c["better"], c["worse"], strict=True)) == [("a", "c"), ("a", "b"), ("c", "b")]
+    welch = sps.ttest_ind([0.9, 0.8, 0.85, 0.95], [0.5, 0.6, 0.55, 0.65], equal_var=False).pvalue
+    assert c.loc[1, "p"] == pytest.approx(welch)
+    assert c["p_holm"].tolist() == pytest.approx(iv.holm(c["p"]).tolist())
+    assert c.loc[1, "a12"] == 1.0 and (c["warn"] == "n<10").all()
+    loss = compare_configs(df, ["test"], higher_is_better=False, n_boot=200)
+    assert loss.loc[0, "better"] == "b" and loss.loc[0, "diff"] < 0
+
+
+def test_source_shares_by_hand() -> None:
+    # init varies alone: [0, 2, 1] var 1; order varies alone: [0, 1, 0.5] var 0.25 -> 80% / 20%
+    runs = pd.DataFrame(
+        {"trial_id": ["i"] * 3 + ["o"] * 3, "value": [0, 2, 1, 0, 1, 0.5],
+         "init_seed": [1, 2, 3, 1, 1, 1], "order_seed": [5, 5, 5, 6, 7, 8],
+         "dropout_seed": 0, "data_seed": 0}
+    )  # fmt: skip
+    s = source_shares(runs, n_boot=300)
+    assert s["source"].tolist() == ["init", "order"]
+    assert s["share"].tolist() == pytest.approx([0.8, 0.2])
+    assert ((s["low"] >= 0) & (s["high"] <= 1)).all()
+    together = runs.assign(order_seed=runs["init_seed"] + 10, init_seed=runs["init_seed"])
+    assert source_shares(together.assign(init_seed=[1, 2, 3, 4, 5, 6])).empty
+
+
+def test_excluded_runs_count_not_learned_apart() -> None:
+    runs = pd.DataFrame(
+        {"trial_id": ["a"] * 4 + ["b"] * 2,
+         "status": ["ok", "not_learned", "ok", None, "diverged", "ok"]}
+    )  # fmt: skip
+    ex = excluded_runs(runs, {"a": "lr=1"}).set_index("trial_id")
+    assert ex.loc["a", "point"] == "lr=1"
+    assert ex.loc["a", ["runs", "ok", "not_learned", "diverged"]].tolist() == [4, 3, 1, 0]
+    assert ex.loc["a", "excluded_share"] == 0.25
+    assert ex.loc["b", "diverged"] == 1 and ex.loc["b", "high"] <= 1
+
+
+def test_curve_bands_use_a_fixed_seed_set_and_say_when_seeds_stopped() -> None:
+    rows = [("t", "p", s, "val", step, float(s + step)) for s in range(3) for step in (1, 2, 3)]
+    rows = [r for r in rows if not (r[2] == 2 and r[4] == 3)]  # seed 2 stopped after step 2
+    df = pd.DataFrame(rows, columns=["trial_id", "point", "seed", "split", "step", "value"])
+    agg, notes = curve_bands(df, n_boot=200)
+    assert agg["step"].tolist() == [1, 2]  # step 3 would average 2 of 3 seeds
+    assert agg["mean"].tolist() == pytest.approx([2.0, 3.0])
+    assert ((agg["low"] >= agg["mean"] - 1) & (agg["high"] <= agg["mean"] + 1)).all()
+    assert notes and "1 of 3 seeds stopped before step 3" in notes[0]
+    mm, _ = curve_bands(df, band="minmax")
+    assert mm["low"].tolist() == [1.0, 2.0] and mm["high"].tolist() == [3.0, 4.0]
+
+
+def test_performance_profile_fractions() -> None:
+    df = pd.DataFrame({"point": ["a"] * 4, "value": [0.1, 0.2, 0.3, 0.4]})
+    prof = performance_profile(df)
+    assert prof["fraction"].tolist() == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])

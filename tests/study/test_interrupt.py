@@ -1,0 +1,79 @@
+"""An interrupted ``study run`` through the real CLI: SIGINT (or SIGTERM) in the middle of a
+study exits non-zero with the committed / failed / pending counts read from Parquet and the
+command that finishes it, without a C++ stack dump, and leaves no Ray process behind (only
+the processes this test started are looked at, by pid and start time)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from raycluster import Proc, family, send, still_alive
+
+from trainables.results import committed
+
+SEEDS = 6
+CONFIG = {
+    "name": "stopme",
+    "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 3000, "val_size": 40,
+             "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
+             "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
+    "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
+    "train": {"optimizer": "sgd", "lr": 0.125, "clip_norm": 5.0, "batch_size": 16, "max_epochs": 3,
+              "selection": {"early_stop": False}},
+    "seeds": {"count": SEEDS},
+    "execution": {"bundle_size": 1, "report_every_s": 0.5},
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_study_exits_nonzero_with_committed_counts_and_leaves_no_ray(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    cfg = tmp_path / "stopme.yaml"
+    cfg.write_text(yaml.safe_dump(CONFIG))
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
+    env |= {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,
+    )
+    seen: dict[int, Proc] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while not committed(out, "stopme"):  # stop once the first seed is committed
+            seen.update(family(proc.pid))
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no seed was committed in time"
+            time.sleep(0.2)
+        seen.update(family(proc.pid))
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            send(family(proc.pid).values(), signal.SIGKILL)
+            proc.wait(timeout=30)
+    done = len(committed(out, "stopme"))
+    assert 0 < done < SEEDS, f"{done} committed: the signal came too late"
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr)
+    last = [ln for ln in stderr.splitlines() if ln.strip()][-1]
+    match = re.search(r"(\d+)/(\d+) runs committed, (\d+) failed, (\d+) pending", last)
+    assert match, stderr
+    assert (int(match[1]), int(match[2]), int(match[3]), int(match[4])) == (done, SEEDS, 0, SEEDS - done)
+    assert f"interrupted by {sig.name}" in last and f"study resume stopme --out {out}" in last
+    assert "Traceback" not in stderr and "*** " not in stderr and "PC: @" not in stderr, stderr
+    assert "runs committed" not in stdout
+    time.sleep(1)
+    left = still_alive(seen.values())
+    assert not left, [p.cmd for p in left]
