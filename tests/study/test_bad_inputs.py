@@ -225,7 +225,7 @@ def test_bad_study_file_is_refused(
 
 
 def test_gpus_without_a_gpu_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from study.runner import local_gpus
+    from study.preflight import local_gpus
 
     if local_gpus():
         pytest.skip("this machine has a GPU")

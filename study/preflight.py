@@ -1,0 +1,156 @@
+"""Checks a study makes before Ray starts: the ``--address`` it is given (form, auth token,
+a TCP answer within seconds) and resources a local Ray could never give; plus the
+environment fineline's Ray driver runs with."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+from rich.console import Console
+
+from study.config import StudyConfig
+from study.plan import default_cpus
+from trainables.errors import ConfigError
+
+console = Console(stderr=True)
+
+PROBE_TIMEOUT_S = 5.0
+"""How long ``--address`` may take to accept a TCP connection before it is called dead."""
+ADDRESS_RE = re.compile(r"^(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(?P<port>[0-9]{1,5})$")
+
+
+def ray_env() -> None:
+    """The environment fineline's Ray driver runs with (set before Ray's first import)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # fineline handles SIGINT / SIGTERM itself (StopSignals): Tune's handler would swallow them
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+
+TOKEN_FIX = (
+    "give this driver the cluster's token: copy the head node's ~/.ray/auth_token here, "
+    "or set RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); every node and driver must use "
+    "RAY_AUTH_MODE=token (see docs/cluster.md)"
+)
+DEAD_FIX = (
+    "start it (`ray up cluster.yaml` or `ray start --head`) and check "
+    "`ray status --address ADDRESS`; or omit --address for a local Ray"
+)
+
+
+def check_address(address: str) -> str:
+    """``--address`` checked without starting Ray: its form, this driver's auth token, and a
+    TCP connection to it (within seconds, where Ray itself retries for minutes). Returns the
+    ``host:port`` (or ``ray://host:port``) it names."""
+    if address == "auto":
+        ray_env()
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except Exception:
+            found = None
+        if not found:
+            raise ConfigError("--address", "auto: no running Ray cluster found on this machine", DEAD_FIX)
+        address = found
+    match = ADDRESS_RE.match(address)
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ConfigError(
+            "--address",
+            f"{address[:80]!r} is not a Ray address",
+            "give HOST:PORT of the head node's GCS (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto",
+        )
+    _check_token(address)
+    host, port = match["host"].strip("[]"), int(match["port"])
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise ConfigError("--address", f"no Ray cluster answers at {address} ({why})", DEAD_FIX) from None
+    return address
+
+
+def _check_token(address: str) -> None:
+    """Token mode without a token on this machine: refused before any connection."""
+    ray_env()
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
+        AuthenticationMode,
+        Config,
+        get_authentication_mode,
+    )
+    from ray.exceptions import AuthenticationError
+
+    token = os.environ["RAY_AUTH_MODE"].lower() == "token"
+    if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
+        Config.initialize("")
+    try:
+        ensure_token_if_auth_enabled(create_token_if_missing=False)
+    except AuthenticationError as exc:
+        raise ConfigError(
+            "--address", f"no Ray auth token for the cluster at {address} ({exc.message})", TOKEN_FIX
+        ) from None
+
+
+def local_gpus() -> int:
+    """GPUs a local Ray would see (CUDA_VISIBLE_DEVICES respected), without starting Ray."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
+        return 0
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None) -> None:
+    """Resources a trial asks for that a local Ray can never give fail now (Ray would wait
+    forever); with ``--address`` the address is checked (:func:`check_address`) and the
+    cluster's resources are compared once connected (:func:`warn_cluster_resources`)."""
+    ex = cfg.execution
+    if address:
+        check_address(address)
+        return
+    cpus = num_cpus or default_cpus()
+    if ex.cpus_per_trial > cpus:
+        raise ConfigError(
+            "execution.cpus_per_trial",
+            f"each trial asks for {ex.cpus_per_trial:g} CPUs but the local Ray has {cpus}",
+            f"set it to at most {cpus} (or raise --num-cpus, or run on a cluster with --address)",
+        )
+    if ex.gpus_per_trial > 0:
+        gpus = local_gpus()
+        if ex.gpus_per_trial > gpus:
+            have = f"only {gpus}" if gpus else "none"
+            raise ConfigError(
+                "execution.gpus_per_trial",
+                f"each trial asks for {ex.gpus_per_trial:g} GPUs but this machine has {have}",
+                "set execution.gpus_per_trial: 0 (device: cpu or auto) here, or run on a cluster "
+                "with GPUs through --address",
+            )
+
+
+def warn_cluster_resources(cfg: StudyConfig) -> None:
+    """On a cluster, warn where no node has what one trial asks for (an autoscaler may still
+    add one, so this is not an error)."""
+    import ray
+
+    ex = cfg.execution
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    best_cpu = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
+    best_gpu = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
+    for what, want, have in (("cpus_per_trial", ex.cpus_per_trial, best_cpu), ("gpus_per_trial", ex.gpus_per_trial, best_gpu)):
+        if want > have:
+            console.print(
+                f"[yellow]warning: execution.{what}: each trial asks for {want:g} but the largest node "
+                f"of the cluster has {have:g}; trials wait until a node that big joins[/yellow]",
+                soft_wrap=True,
+            )
