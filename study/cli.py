@@ -81,7 +81,8 @@ def run(
     counts = run_study(cfg, study_name, out, address, num_cpus, extra_manifest=extra)
     typer.echo(
         f"study {study_name}: {counts['done']}/{counts['planned']} runs committed "
-        f"({counts['ran']} run now) -> {out}/tables. Query: study sql --out {out} \"SELECT ...\""
+        f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {study_name} --out {out}; "
+        f"study report {study_name} --out {out}; study sql --out {out} \"SELECT ...\""
     )
 
 

@@ -83,6 +83,9 @@ class ExecutionConfig(FrozenConfig):
     """Send the study file's ``plugins:`` modules that are not installed to every Ray worker
     with the job (Ray's ``runtime_env`` ``py_modules``). Turn off only where every node
     already imports them (e.g. a shared folder on every node's PYTHONPATH)."""
+    progress_every_s: float = Field(60.0, gt=0)
+    """Not on a terminal (a log): seconds between heartbeat lines of the study's progress
+    (seeds committed, running, their latest selection metric); on a terminal a live bar."""
     report_every_s: float = Field(2.0, gt=0)
     """Seconds of training between a trial's Tune results, each followed by a checkpoint, so
     a killed trial loses at most about this much work. Each result costs some milliseconds,

@@ -1,29 +1,134 @@
-"""A Ray Tune callback that shows a study's progress as a rich progress bar."""
+"""A study's progress, shown as it goes: a live bar on a terminal, lines in a log.
+
+:class:`ProgressCallback` is a Ray Tune callback fed by the trainable's results (each
+carries the bundle's epoch, its running members and their latest selection metric; the
+last one the seeds it committed, see ``FinelineTrainable.step``).
+
+* On a terminal: a bar of seeds committed out of planned, with the running bundles' epoch,
+  the selection metric's median and range over their running seeds, and an estimate of
+  the time left; nothing stale is left once the study ends.
+* Not on a terminal (nohup, a batch job, CI): a line when Ray has started, a line per
+  committed seed (grid point, seed, status, selected epoch, selection metric), and a
+  heartbeat line every ``execution.progress_every_s`` seconds with the same summary.
+"""
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray.tune import Callback
 from rich.progress import Progress
 
+Emit = Callable[[str], None]
+
+
+@dataclass
+class Running:
+    """The latest result of one running bundle."""
+
+    at: str = ""
+    """``epoch 3`` or ``step 400``: how far it has trained."""
+    active: int = 0
+    values: list[float] = field(default_factory=list)
+    """The selection metric of its running seeds (median and range are shown)."""
+
 
 class ProgressCallback(Callback):
-    """Seeds committed, as a progress bar (the bar is not pickled with the Tuner's state)."""
+    """Seeds committed, as a bar (``progress``) or as log lines (``emit``); neither is pickled
+    with the Tuner's state."""
 
-    def __init__(self, progress: Progress, title: str, total: int, done: int, unit_sizes: list[int]) -> None:
-        self.progress: Progress | None = progress
-        self.unit_sizes = unit_sizes
-        self.bar = progress.add_task(title, total=total, completed=done, info="")
+    def __init__(
+        self,
+        title: str,
+        total: int,
+        done: int,
+        unit_sizes: list[int],
+        points: list[str],
+        *,
+        progress: Progress | None = None,
+        emit: Emit | None = None,
+        every_s: float = 60.0,
+    ) -> None:
+        self.progress, self.emit = progress, emit
+        self.title, self.total, self.done = title, total, done
+        self.unit_sizes, self.points = unit_sizes, points
+        self.every_s = every_s
+        self.running: dict[str, Running] = {}
+        self.failed = 0
+        self.metric = ""
+        self.started = self.last_line = time.monotonic()
+        self.bar = progress.add_task(title, total=total, completed=done, info="") if progress else None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "progress": None}
+        return {**self.__dict__, "progress": None, "emit": None}
 
+    # ----------------------------------------------------------------- summary
+    def summary(self) -> str:
+        """``done/total committed, N running (epoch e), metric median [min, max]``."""
+        parts = [f"{self.done}/{self.total} seeds committed"]
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        active = sum(r.active for r in self.running.values())
+        if self.running:
+            ats = sorted({r.at for r in self.running.values() if r.at}, key=_number)
+            at = f", {ats[0]}" + (f" to {ats[-1].split()[-1]}" if len(ats) > 1 else "") if ats else ""
+            parts.append(f"{active} running{at}")
+        values = [v for r in self.running.values() for v in r.values]
+        if values and self.metric:
+            parts.append(f"{self.metric} {statistics.median(values):.4g} [{min(values):.4g}, {max(values):.4g}]")
+        return ", ".join(parts)
+
+    def _show(self) -> None:
+        if self.progress is not None and self.bar is not None:
+            self.progress.update(self.bar, completed=self.done, info=self.summary().split(", ", 1)[-1]
+                                 if self.running else "")
+        now = time.monotonic()
+        if self.emit is not None and now - self.last_line >= self.every_s:
+            self._line(f"{self.summary()} ({_clock(now - self.started)})")
+
+    def _line(self, text: str) -> None:
+        self.last_line = time.monotonic()
+        if self.emit is not None:
+            self.emit(f"{self.title}: {text}")
+
+    # ----------------------------------------------------------------- Tune hooks
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if self.progress is not None:
-            running = sum(1 for t in trials if t.status == "RUNNING")
-            self.progress.update(self.bar, info=f"{running} running, epoch {result.get('epoch')}")
+        values = result.get("sel_values") or []
+        self.metric = result.get("sel_metric", self.metric)
+        self.running[trial.trial_id] = Running(str(result.get("at", "")), int(result.get("active", 0)), list(values))
+        for seed in result.get("committed_seeds") or []:
+            self.done += 1
+            point = self.points[trial.config["unit_index"]]
+            value = seed.get("value")
+            shown = f", {self.metric} {value:.4g}" if value is not None and self.metric else ""
+            self._line(
+                f"seed {seed['seed']}{f' ({point})' if point else ''} committed: {seed['status']}, "
+                f"selected {seed['selected']}{shown}"
+            )
+        if result.get("committed_seeds"):
+            self.running.pop(trial.trial_id, None)
+        self._show()
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if self.progress is not None:
-            self.progress.advance(self.bar, self.unit_sizes[trial.config["unit_index"]])
+        self.running.pop(trial.trial_id, None)
+        self._show()
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.running.pop(trial.trial_id, None)
+        self.failed += self.unit_sizes[trial.config["unit_index"]]
+        self._line(f"a trial of {self.unit_sizes[trial.config['unit_index']]} seed(s) failed after its retries")
+        self._show()
+
+
+def _number(at: str) -> int:
+    return int(at.split()[-1]) if at.split() and at.split()[-1].isdigit() else 0
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -14,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
@@ -280,6 +288,12 @@ def run_study(
                 warn_cluster_resources(cfg)
             units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
             payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
+            console.print(
+                f"study {name}: Ray started ({resources.get('CPU', 0):g} CPUs, "
+                f"{resources.get('GPU', 0):g} GPUs); {planned} runs planned, {already} already "
+                f"committed, {len(payloads)} trial(s) of {planned - already} seeds to run",
+                soft_wrap=True, highlight=False,
+            )
             failed_units = launch(payloads, cfg, out, name, already, planned)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
@@ -322,10 +336,22 @@ def launch(
         tune.with_parameters(FinelineTrainable, payloads=payloads),
         {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial},
     )
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-    )
+    sizes = [len(p["seeds"]) for p in payloads]
+    points = [_point_label(p["point_json"]) for p in payloads]
+    title = f"study {name}"
+    if console.is_terminal:
+        progress: Progress | None = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+            TimeRemainingColumn(), console=console,
+        )
+        callback = ProgressCallback(f"{title}: seeds", planned, already, sizes, points, progress=progress)
+    else:  # a log: lines, not a bar
+        progress = None
+        callback = ProgressCallback(
+            title, planned, already, sizes, points, every_s=ex.progress_every_s,
+            emit=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False),
+        )
 
     tuner = tune.Tuner(
         trainable,
@@ -335,8 +361,7 @@ def launch(
             name=f"run-{int(time.time())}",
             storage_path=str(storage),
             verbose=0,
-            callbacks=[ProgressCallback(progress, f"study {name}: seeds", planned, already,
-                                        [len(p["seeds"]) for p in payloads])],
+            callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=ex.max_failures),
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
         ),
@@ -348,6 +373,11 @@ def launch(
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
+
+
+def _point_label(point_json: str) -> str:
+    """``model.cell=lstm, train.lr=0.01`` for a grid point ("" without a grid)."""
+    return ", ".join(f"{k}={v}" for k, v in json.loads(point_json).items())
 
 
 def fit(tuner: Any, progress: Progress | None = None) -> Any:

@@ -103,15 +103,35 @@ class FinelineTrainable(tune.Trainable):
         info: dict[str, Any] = {}
         while not self.run.done and (time.perf_counter() - t0) < self.round_budget_s:
             info = self.run.train_round()
-        result = {"epoch": self.run.epoch, "opt_step": self.run.step, **info}
+        at = f"step {self.run.step}" if self.run.step_based else f"epoch {self.run.epoch}"
+        result = {"epoch": self.run.epoch, "opt_step": self.run.step, "at": at, **info, **self._selection()}
         if self.objective is not None:
             result["objective"] = self._epoch_objective()
         if self.run.done:
             final = self._commit()
             if self.objective is not None:
                 result.update(final)
+            result["committed_seeds"] = self._committed_seeds()
             result["done"] = True
         return result
+
+    def _selection(self) -> dict[str, Any]:
+        """The selection metric of the running members at the last evaluation (for progress)."""
+        sel = self.spec.train.selection
+        if sel.mode == "last":
+            return {}
+        values = [v[sel.metric] for v in self.run.last_eval.get(sel.split, []) if sel.metric in v]
+        return {"sel_metric": f"{sel.split} {sel.metric}", "sel_values": values}
+
+    def _committed_seeds(self) -> list[dict[str, Any]]:
+        """What each seed of the bundle committed: status, selected epoch, selection value."""
+        return [
+            {"seed": m.seeds.index, "status": "diverged" if m.status == "diverged"
+             else "ok" if self.run.learned(m) else "not_learned",
+             "selected": f"step {m.best_step}" if self.run.step_based else f"epoch {m.best_epoch}",
+             "value": m.best_value}
+            for m in self.run.members
+        ]
 
     def _epoch_objective(self) -> float:
         """The candidate's objective at the last evaluation, over its running members.

@@ -1,0 +1,48 @@
+"""Progress in a log: a study run with its output going to a file (not a terminal) prints a
+line when Ray has started, one line per committed seed, heartbeats, and a last line with the
+next commands; nothing of the terminal bar."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+STUDY = {
+    "name": "logged",
+    "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.01, "max_steps": 400, "eval_every_steps": 50, "batch_size": 8,
+              "selection": {"split": "train_eval", "metric": "accuracy", "mode": "max", "early_stop": False}},
+    "grid": {"train.lr": [0.01, 0.003]},
+    "seeds": {"count": 2},
+    "execution": {"bundle_size": 2, "progress_every_s": 0.2, "report_every_s": 0.1},
+}
+
+
+def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next_steps(tmp_path: Path) -> None:
+    cfg = tmp_path / "logged.yaml"
+    cfg.write_text(yaml.safe_dump(STUDY))
+    out, log = tmp_path / "results", tmp_path / "study.log"
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV")}
+    with log.open("w") as fh:  # a file: not a terminal
+        rc = subprocess.run(
+            [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "2"],
+            stdout=fh, stderr=subprocess.STDOUT, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300,
+        ).returncode
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    lines = text.splitlines()
+    started = [i for i, ln in enumerate(lines) if re.match(r"study logged: Ray started \(2 CPUs, 0 GPUs\); 4 runs planned", ln)]
+    seeds = [ln for ln in lines if re.match(r"study logged: seed [01] \(train\.lr=0\.0(1|03)\) committed: ok, selected step \d+, train_eval accuracy [0-9.]+$", ln)]
+    assert len(started) == 1, text
+    assert len(seeds) == 4, text
+    assert len({(ln.split(" (")[0], ln.split("(")[1].split(")")[0]) for ln in seeds}) == 4, "each seed once"
+    beats = [ln for ln in lines if re.match(r"study logged: \d/4 seeds committed.*\(\d+:\d\d:\d\d\)$", ln)]
+    assert beats, f"no heartbeat line in:\n{text}"
+    assert lines[-1].startswith("study logged: 4/4 runs committed") and "Next: study analyze logged" in lines[-1]
+    assert "━" not in text and "\x1b[" not in text, "no terminal bar or escape codes in a log"
