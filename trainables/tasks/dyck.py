@@ -606,6 +606,12 @@ class Dyck1(Task):
             "y": {"split": "very_long", "metric": "fpf"},
         }
         return {
+            "metric_definitions": {
+                "correct": "share of sequences whose every step's depth outputs are right (thresholded at 0.5)",
+                "fpf": "first point of failure: the number of steps before the first wrong depth output "
+                "(the sequence length when none is wrong)",
+                "loss": "mean squared error of the depth outputs (lower is better)",
+            },
             "regressions": [{**regression, "over": "runs"}, {**regression, "over": "checkpoints"}],
             "histograms": [{"split": "very_long", "metric": "fpf"}],
         }

@@ -384,6 +384,10 @@ class MnistPairs(Task):
         full = self.config.n_final > 0
         test, val = ("test_full", "train_eval_full") if full else ("test", "train_eval")
         return {
+            "metric_definitions": {
+                "accuracy": "share of image pairs whose predicted class is the left digit's label",
+                "loss": "the training loss (categorical hinge or cross-entropy) per example",
+            },
             "primary_metric": "accuracy",
             "test_splits": [test],
             "histograms": [{"split": test, "metric": "accuracy"}],

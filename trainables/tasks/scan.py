@@ -316,6 +316,12 @@ class Scan(Task):
     def analysis(self) -> dict[str, Any]:
         """Seed histogram and correlations on ``test_full``; curves on the 100-example samples."""
         return {
+            "metric_definitions": {
+                "exact": "share of commands whose greedy decoding reproduces the whole action sequence",
+                "tf_exact": "share of commands where, fed the gold prefix, the argmax is right at every position",
+                "tf_token": "share of target positions whose argmax is right, fed the gold prefix",
+                "loss": "cross-entropy summed over the command's target tokens",
+            },
             "primary_metric": "exact",
             "test_splits": ["test_full"],
             "histograms": [{"split": "test_full", "metric": "exact"}],

@@ -472,6 +472,12 @@ class SymbolRewriting(Task):
         metric of the distribution charts and summaries.
         """
         return {
+            "metric_definitions": {
+                "accuracy": "validity: share of inputs whose output rewrites every symbol as one token "
+                "of each sub-alphabet with the symbol's number, in any order (the paper's accuracy)",
+                "exact": "share of outputs equal to the one gold rewrite (many valid rewrites exist)",
+                "loss": "cross-entropy summed over the target tokens of an example",
+            },
             "test_splits": ["standard", "repeat", "short", "long"],
             "scatter": [["short", "accuracy"], ["long", "accuracy"]],
             "primary_metric": self.primary_metric,

@@ -168,6 +168,12 @@ class Toy2D(Task):
         with the compositional rule."""
         low, high, n = self.config.grid
         return {
+            "metric_definitions": {
+                "accuracy": "share of points classified as their Y1 (on the grid: as 1[x1 > 0], the "
+                "compositional rule)",
+                "p_y1": "the model's probability of Y1 = 1 at a grid point",
+                "loss": "cross-entropy per example",
+            },
             "primary_metric": "accuracy",
             "decision_boundary": {
                 "grid": [low, high, n],

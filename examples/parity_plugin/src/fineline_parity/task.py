@@ -109,6 +109,9 @@ class Parity(Task):
     def analysis(self) -> dict[str, Any]:
         """Seed histograms of test accuracy, in- and out-of-distribution, and their scatter."""
         return {
+            "metric_definitions": {
+                "accuracy": "share of bit strings whose parity of the hidden relevant bits is predicted right",
+            },
             "primary_metric": "accuracy",
             "test_splits": ["test", "test_ood"],
             "histograms": [{"split": "test_ood", "metric": "accuracy"}],
