@@ -406,6 +406,20 @@ def _mnist(tmp: Path, corrupt: Callable[[Path], None]) -> dict[str, Any]:
             "seeds": {"count": 1}}
 
 
+def _sr(tmp: Path, corrupt: Callable[[Path], None]) -> dict[str, Any]:
+    """A symbol-rewriting study on a copy of the published files (first 20 rows each)."""
+    from trainables.tasks.symbol_rewriting import PUBLISHED_FILES
+
+    folder = tmp / "sr"
+    folder.mkdir()
+    for name in PUBLISHED_FILES.values():
+        lines = (SHARED / "symbol_rewriting" / name).read_text().splitlines()[:20]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    corrupt(folder)
+    return {"name": "sr", "task": {"name": "symbol_rewriting", "data_dir": str(folder), "train_size": 100},
+            "model": {"name": "seq2seq"}, "train": {"max_epochs": 1}, "seeds": {"count": 1}}
+
+
 def _write(name: str, data: bytes | str) -> Callable[[Path], None]:
     def corrupt(folder: Path) -> None:
         path = folder / name
@@ -445,6 +459,10 @@ DATA: list[tuple[str, Callable[..., dict[str, Any]], Callable[[Path], None], str
     ("mnist-truncated", _mnist, _gz("t10k-images-idx3-ubyte.gz", lambda b: b[:-100]), "bytes follow"),
     ("mnist-swapped", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:3] + b"\x03" + b[4:]), "magic"),
     ("mnist-bad-labels", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:8] + b"\x0b" + b[9:]), "labels outside"),
+    ("sr-empty", _sr, _write("grammar_std.tst.full.tsv", ""), "has no rows"),
+    ("sr-not-utf8", _sr, _write("grammar_long.tst.full.tsv", b"A B .\t\xff\n"), "not UTF-8"),
+    ("sr-unknown-symbol", _sr, _prepend("grammar.val.tsv", "A ZZ .\tA1_1 B1_1 C1_1\tx"), "unknown symbols"),
+    ("sr-malformed", _sr, _prepend("grammar_short.tst.full.tsv", "A B C"), "expected 'input<TAB>output"),
 ]
 
 
