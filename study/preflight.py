@@ -76,20 +76,27 @@ def check_address(address: str) -> str:
     return address
 
 
-def _check_token(address: str) -> None:
-    """Token mode without a token on this machine: refused before any connection."""
+def sync_auth_mode() -> None:
+    """Make Ray's cached authentication mode the one ``RAY_AUTH_MODE`` names (Ray reads it
+    once per process, possibly before fineline set it): re-read it, as ``ray.init`` does."""
     ray_env()
-    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
     from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
         AuthenticationMode,
         Config,
         get_authentication_mode,
     )
-    from ray.exceptions import AuthenticationError
 
     token = os.environ["RAY_AUTH_MODE"].lower() == "token"
     if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
         Config.initialize("")
+
+
+def _check_token(address: str) -> None:
+    """Token mode without a token on this machine: refused before any connection."""
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray.exceptions import AuthenticationError
+
+    sync_auth_mode()
     try:
         ensure_token_if_auth_enabled(create_token_if_missing=False)
     except AuthenticationError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -32,7 +31,7 @@ from study.preflight import (
     TOKEN_FIX,
     check_address,
     check_resources,
-    ray_env,
+    sync_auth_mode,
     warn_cluster_resources,
 )
 from trainables.errors import ConfigError, StudyIncomplete
@@ -113,21 +112,11 @@ def ray_session(
     and must be the cluster's. Ray caches the mode per process, so it is re-read if needed.
     """
     global SIGNALS
-    ray_env()
+    sync_auth_mode()
     import ray
-    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
-        AuthenticationMode,
-        Config,
-        get_authentication_mode,
-    )
     from ray.exceptions import AuthenticationError
 
     from trainables.errors import ConfigError
-
-    token = os.environ["RAY_AUTH_MODE"].lower() == "token"
-    if token != (get_authentication_mode() == AuthenticationMode.TOKEN):
-        # Ray read the mode before it was set here: re-read it (as ray.init itself does)
-        Config.initialize("")
 
     token_fix = TOKEN_FIX
     stops = StopSignals()

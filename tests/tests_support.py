@@ -7,6 +7,17 @@ from typing import Any
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 """The published reference data beside the project (absent in a bare clone)."""
+TINY_STUDY: dict[str, Any] = {
+    "name": "tiny",
+    "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 300, "val_size": 40,
+             "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
+             "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
+    "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
+    "train": {"optimizer": "sgd", "lr": 0.125, "clip_norm": 5.0, "batch_size": 16, "max_epochs": 2},
+    "seeds": {"count": 3, "root": 5},
+    "execution": {"bundle_size": 2},
+}
+"""A symbol-rewriting study that trains in seconds (the CLI tests start from it)."""
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new",

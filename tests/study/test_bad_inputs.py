@@ -22,21 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
+from tests_support import TINY_STUDY
 
 from study import cli
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 300, "val_size": 40,
-             "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
-             "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
-    "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
-    "train": {"optimizer": "sgd", "lr": 0.125, "clip_norm": 5.0, "batch_size": 16, "max_epochs": 2},
-    "seeds": {"count": 3, "root": 5},
-    "execution": {"bundle_size": 1},
-}
+TINY: dict[str, Any] = {**TINY_STUDY, "execution": {"bundle_size": 1}}
 
 
 class RayStarted(BaseException):
