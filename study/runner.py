@@ -192,17 +192,22 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     Returns the task facts the manifest records: ``analysis`` (what the task wants
     analysed and drawn) and ``splits`` (name and role of each split, in order).
     """
-    tasks = [point.spec.make_task() for point in cfg.points]
-    for point, task in zip(cfg.points, tasks, strict=True):
-        task.check()
-        point.spec.check_splits(task.split_roles())
+    roles_of: dict[str, dict[str, str]] = {}  # one check and one split_roles per task config
+    for point in cfg.points:
+        key = json.dumps(point.spec.to_dict()["task"], sort_keys=True)
+        if key not in roles_of:
+            task = point.spec.make_task()
+            task.check()
+            roles_of[key] = dict(task.split_roles())
+        point.spec.check_splits(roles_of[key])
     check_bundles(cfg)
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
     check_resources(cfg, address, num_cpus)
-    roles = tasks[0].split_roles()
-    return {"analysis": tasks[-1].analysis(), "splits": [{"name": n, "role": r} for n, r in roles.items()]}
+    roles = next(iter(roles_of.values()))
+    analysis = cfg.points[-1].spec.make_task().analysis()
+    return {"analysis": analysis, "splits": [{"name": n, "role": r} for n, r in roles.items()]}
 
 
 def check_bundles(cfg: StudyConfig) -> None:

@@ -356,6 +356,12 @@ class BundleRun:
         if self.learned(m) and m.bad_rounds >= sel.patience and m.rounds_run >= sel.min_epochs:
             m.status = "stopped"
 
+    def run_status(self, m: Member) -> str:
+        """The status member ``m`` commits with: ``diverged``, ``ok`` or ``not_learned``."""
+        if m.status == "diverged":
+            return "diverged"
+        return "ok" if self.learned(m) else "not_learned"
+
     def learned(self, m: Member) -> bool:
         """Whether member ``m`` has *learned*: with early stopping armed at a level
         (``selection.arm_above``), its best selection value has passed that level at some
@@ -441,7 +447,7 @@ class BundleRun:
                             "correct": bool(correct[i]),
                         })
         for k, m in enumerate(self.members):
-            status = "diverged" if m.status == "diverged" else "ok" if self.learned(m) else "not_learned"
+            status = self.run_status(m)
             out[k]["run"] = [{
                 "status": status, "selected_epoch": m.best_epoch, "selected_step": m.best_step,
                 "epochs_run": m.rounds_run,

@@ -152,11 +152,11 @@ def import_modules(
     default advice of an import error. Returns the modules.
     """
     load_entry_points()
+    if names and search_dir is not None and str(search_dir) not in sys.path:
+        sys.path.insert(0, str(search_dir))
+    where = f"{search_dir} or " if search_dir is not None else ""
     modules = []
     for name in names:
-        if search_dir is not None and str(search_dir) not in sys.path:
-            sys.path.insert(0, str(search_dir))
-        where = f"{search_dir} or " if search_dir is not None else ""
         advice = fix or (
             f"make `{name}` importable: put {name}.py (or a package {name}/) in {where}a folder "
             "on PYTHONPATH, or pip install the package that provides it; or remove it from "

@@ -126,8 +126,7 @@ class FinelineTrainable(tune.Trainable):
     def _committed_seeds(self) -> list[dict[str, Any]]:
         """What each seed of the bundle committed: status, selected epoch, selection value."""
         return [
-            {"seed": m.seeds.index, "status": "diverged" if m.status == "diverged"
-             else "ok" if self.run.learned(m) else "not_learned",
+            {"seed": m.seeds.index, "status": self.run.run_status(m),
              "selected": f"step {m.best_step}" if self.run.step_based else f"epoch {m.best_epoch}",
              "value": m.best_value}
             for m in self.run.members
