@@ -22,11 +22,13 @@ from analysis import intervals as iv
 from analysis import queries as q
 from analysis import stats
 from analysis import verdict as vd
+from analysis.aggregates import aggregates_text, study_aggregates
 from analysis.context import StudyContext, axis_label, open_study
 from analysis.db import list_studies
 from analysis.errors import AnalysisError
 from analysis.formatting import jsonable, records, text_table
 from analysis.manifest import RegressionDecl
+from analysis.seed_questions import questions_json, questions_text, resolve_events, study_questions
 
 
 @dataclass
@@ -236,26 +238,45 @@ def verdict_json(v: vd.Verdict) -> dict[str, Any]:
     }
 
 
-def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, seed: int = 0) -> str:
+def analyze(
+    out: Path,
+    study: str,
+    fmt: str = "table",
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    events: list[str] | None = None,
+    half_width: float | None = None,
+    difference: float | None = None,
+) -> str:
     """The numbers of ``study`` in ``out`` as ``table`` text or ``json``.
 
     Sections: status (runs done/failed/diverged), the verdict (:mod:`analysis.verdict`),
     the summary across seeds per (point, split, metric) with 95% bootstrap intervals of
     the mean (ok runs only), the test-split correlation matrix (primary metric, Pearson r,
     with n), the seed scatter's Pearson and Spearman r with bootstrap intervals, and the
-    declared regressions. Bootstraps use ``n_boot`` replicates from ``default_rng(seed)``.
-    Numbers from fewer than 10 runs carry ``n<10`` in their ``warn`` column.
+    declared regressions and aggregates (:mod:`analysis.aggregates`). Bootstraps use
+    ``n_boot`` replicates from ``default_rng(seed)``.
+    Numbers from fewer than 10 runs carry ``n<10`` in their ``warn`` column. Then the
+    seed-study questions (:mod:`analysis.seed_questions`): time to each event (``events``:
+    ``"val accuracy >= 0.5"`` texts, else the task's declared events), seeds needed for a
+    mean to +-``half_width`` and for a ``difference`` (defaults by the metric's range), and
+    the Multi-Bootstrap over seeds and test examples.
     """
     if fmt not in ("table", "json"):
         raise AnalysisError(f"analyze prints 'table' or 'json', not {fmt!r}; pick one of those")
     ctx = open_study(out, study)
     try:
+        evs = resolve_events(ctx, events)  # a bad --event fails before any statistics
         info = next(iter(list_studies(out, only=[study])), None)
         verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
         summary = summary_table(ctx, n_boot=n_boot, seed=seed)
         mats = test_correlations(ctx)
         scatter = scatter_data(ctx, n_boot=n_boot, seed=seed)
         regs = declared_regressions(ctx)
+        agg = study_aggregates(ctx)
+        questions = study_questions(ctx, verdict, events=evs, half_width=half_width,
+                                    difference=difference, n_boot=n_boot, seed=seed)  # fmt: skip
         spearman: dict[str, stats.Correlation] = {}
         if scatter is not None:
             for p, sub in fit_groups(scatter[0]):
@@ -299,7 +320,7 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
     )
     status = info.as_dict() if info else {"name": study}
     few = int((summary["warn"] != "").sum()) if not summary.empty else 0
-    warnings = list(verdict.warnings)
+    warnings = list(verdict.warnings) + questions.warnings
     if few and not any("fewer than" in w for w in warnings):
         warnings.append(f"{few} summary rows rest on fewer than {iv.MIN_SEEDS} runs (warn n<10)")
     if fmt == "json":
@@ -323,6 +344,8 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
             ],
             "scatter": records(scatter_rows),
             "regressions": records(reg_rows),
+            "aggregates": [r.as_json() for r in agg.results],
+            **questions_json(questions),
             "warnings": warnings,
             "notes": ctx.notes,
         }
@@ -348,6 +371,10 @@ def analyze(out: Path, study: str, fmt: str = "table", *, n_boot: int = 2000, se
         parts += ["", "Seed scatter correlation (95% bootstrap interval)", text_table(scatter_rows)]
     if not reg_rows.empty:
         parts += ["", "Regressions declared by the task", text_table(reg_rows)]
+    parts += aggregates_text(agg, text_table)
+    parts += questions_text(questions, text_table)
+    if questions.warnings:
+        parts += ["", *[f"warning: {w}" for w in questions.warnings]]
     if ctx.notes:
         parts += ["", "Notes:", *[f"- {n}" for n in ctx.notes]]
     return "\n".join(parts)

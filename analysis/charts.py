@@ -107,7 +107,7 @@ def _run_encodings(sel: alt.Parameter, multi: bool) -> dict[str, Any]:
 def _run_tooltip(*extra: alt.Tooltip | str) -> list[Any]:
     return [
         alt.Tooltip("seed:O", title="seed"),
-        alt.Tooltip("trial_id:N", title="trial"),
+        alt.Tooltip("trial_id:N", title="config (trial_id)"),
         alt.Tooltip("point:N", title="point"),
         *extra,
     ]
@@ -217,6 +217,7 @@ def _scatter_with_fit(
     *,
     multi: bool,
     extra_tooltip: Sequence[str] = (),
+    baseline: pd.DataFrame | None = None,
 ) -> TopChart:
     sel = seed_selection()
     cols = ["trial_id", "point", "seed", "x", "y", *extra_tooltip]
@@ -243,7 +244,79 @@ def _scatter_with_fit(
             line_enc["color"] = alt.Color("point:N", title="grid point")
         line = alt.Chart(store.add(line_df)).mark_line(strokeDash=[6, 3], color="#555")
         layers.append(line.encode(**line_enc))
+    layers += baseline_rules(store, baseline, "y")
     return alt.layer(*layers, dots).properties(width=320, height=280, title=title)
+
+
+BASELINE_COLOR = "#c0392b"
+
+
+def baseline_rules(store: ChartData, baseline: pd.DataFrame | None, channel: str) -> list[Any]:
+    """A labelled dashed rule at each distinct baseline value, across ``channel`` (``x``:
+    a vertical rule at an x value; ``y``: a horizontal one). ``baseline``: rows with
+    columns point, value, label (:func:`analysis.aggregates.baseline_for`); none or
+    empty: no layers. Points sharing a value share one rule (its tooltip names them)."""
+    if baseline is None or baseline.empty:
+        return []
+    df = (
+        baseline.dropna(subset=["value"])
+        .groupby(["value", "label"], as_index=False, sort=True)
+        .agg(points=("point", lambda p: ", ".join(map(str, p))))
+    )
+    df["text"] = [f"{lab}: {_fmt(v, 4)}" for v, lab in zip(df["value"], df["label"], strict=True)]
+    base = alt.Chart(store.add(df))
+    enc = {channel: alt.X("value:Q") if channel == "x" else alt.Y("value:Q")}
+    tip = [alt.Tooltip("label:N", title="baseline"), alt.Tooltip("value:Q", format=".4g"),
+           alt.Tooltip("points:N", title="grid points")]  # fmt: skip
+    rule = base.mark_rule(color=BASELINE_COLOR, strokeDash=[4, 3], strokeWidth=2).encode(**enc, tooltip=tip)
+    if channel == "x":
+        text = base.mark_text(color=BASELINE_COLOR, align="left", baseline="top", dx=3, y=2, fontSize=10)
+    else:
+        text = base.mark_text(color=BASELINE_COLOR, align="left", baseline="bottom", x=2, dy=-2, fontSize=10)
+    return [rule, text.encode(**enc, text="text:N")]
+
+
+def subset_strip(
+    store: ChartData,
+    values: pd.DataFrame,
+    title: str,
+    subset: str,
+    *,
+    baseline: pd.DataFrame | None = None,
+) -> TopChart:
+    """One metric per grid point over runs: the kept runs of a subset filled, the others
+    hollow, with the declared baseline as a labelled rule.
+
+    ``values``: one row per run, columns trial_id, point, seed, value, kept (bool).
+    ``subset``: what was kept (e.g. ``best 10 by lowest val loss``).
+    """
+    sel = seed_selection()
+    df = values[["trial_id", "point", "seed", "value", "kept"]].copy()
+    df["runs"] = np.where(df["kept"], "kept", "other")
+    df["jitter"] = (df["seed"].to_numpy() * GOLDEN) % 1.0
+    enc = _run_encodings(sel, False)
+    enc.pop("size")
+    dots = (
+        alt.Chart(store.add(df))
+        .mark_point(size=60, filled=True)
+        .encode(
+            x=alt.X("point:N", title=None, axis=alt.Axis(labelAngle=-30)),
+            xOffset=alt.XOffset("jitter:Q", scale=alt.Scale(domain=[-0.6, 1.6])),
+            y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)),
+            shape=alt.Shape("runs:N", title=subset, scale=alt.Scale(domain=["kept", "other"],
+                                                                    range=["circle", "triangle"])),
+            color=alt.Color("runs:N", title=subset, scale=alt.Scale(domain=["kept", "other"],
+                                                                    range=["#1f77b4", "#bbbbbb"])),
+            **enc,
+            tooltip=_run_tooltip("runs:N", alt.Tooltip("value:Q", format=".4g")),
+        )
+        .add_params(sel)
+    )
+    width = max(220, 90 * df["point"].nunique())
+    head = alt.TitleParams(f"{title}: {subset} per grid point", subtitle=["one mark per run"])
+    return alt.layer(dots, *baseline_rules(store, baseline, "y")).properties(
+        width=width, height=260, title=head
+    )
 
 
 def seed_scatter(
@@ -384,15 +457,25 @@ def learning_curves(
 
 
 def histogram(
-    store: ChartData, values: pd.DataFrame, split: str, metric: str, *, multi: bool, bins: int = 20
+    store: ChartData,
+    values: pd.DataFrame,
+    split: str,
+    metric: str,
+    *,
+    multi: bool,
+    bins: int = 20,
+    baseline: pd.DataFrame | None = None,
 ) -> TopChart:
     """Histogram of ``metric`` on ``split`` over runs, above a strip of one tick per seed.
 
-    ``values``: one row per run, columns trial_id, point, seed, value.
+    ``values``: one row per run, columns trial_id, point, seed, value. ``baseline``:
+    see :func:`baseline_rules` (a labelled rule at each value, inside the axis range).
     """
     sel = seed_selection()
     df = values[["trial_id", "point", "seed", "value"]]
     lo, hi = float(df["value"].min()), float(df["value"].max())
+    if baseline is not None and not baseline.empty:
+        lo, hi = min(lo, float(baseline["value"].min())), max(hi, float(baseline["value"].max()))
     if not hi > lo:
         lo, hi = lo - 0.5, hi + 0.5
     scale = alt.Scale(domain=[lo, hi], zero=False, nice=False)
@@ -414,10 +497,11 @@ def histogram(
         )
         .add_params(sel)
     )
+    rules = baseline_rules(store, baseline, "x")
     with merging_selections():
         return alt.vconcat(
-            bars.properties(width=320, height=180, title=f"Histogram of {split} {metric}"),
-            strip.properties(width=320, height=24),
+            alt.layer(bars, *rules).properties(width=320, height=180, title=f"Histogram of {split} {metric}"),
+            alt.layer(strip, *rules[:1]).properties(width=320, height=24),
         )
 
 
@@ -430,11 +514,13 @@ def regression_chart(
     over: str,
     *,
     multi: bool,
+    baseline: pd.DataFrame | None = None,
 ) -> TopChart:
     """Declared regression: one dot per run (or per checkpoint) and the fitted line.
 
     ``pairs``: columns trial_id, point, seed, x, y (already transformed), plus ``step``
     when ``over == "checkpoints"``. The title gives slope, R^2, p and n per point.
+    ``baseline``: a labelled rule at y's baseline (see :func:`baseline_rules`).
     """
     parts = [
         (f"{p}: " if multi else "")
@@ -444,25 +530,26 @@ def regression_chart(
     title = alt.TitleParams(f"{y_label} on {x_label} (over {over})", subtitle=parts)
     extra = ("step",) if over == "checkpoints" and "step" in pairs.columns else ()
     return _scatter_with_fit(
-        store, pairs, fits, x_label, y_label, title, multi=multi, extra_tooltip=extra
-    )
+        store, pairs, fits, x_label, y_label, title, multi=multi, extra_tooltip=extra,
+        baseline=baseline,
+    )  # fmt: skip
 
 
 def objective_by_trial(
     store: ChartData, trials: pd.DataFrame, *, maximize: bool = True
 ) -> TopChart:
-    """Tuning: objective of each trial in start order, with the running best.
+    """Tuning: objective of each candidate (Optuna trial) in start order, with the running best.
 
     ``trials``: columns trial_number, trial_id, seeds, objective (NULL rows dropped).
     """
     df = trials.dropna(subset=["objective"])[["trial_number", "trial_id", "seeds", "objective"]]
     best = df["objective"].cummax() if maximize else df["objective"].cummin()
     df = df.assign(best=best)
-    base = alt.Chart(store.add(df)).encode(x=alt.X("trial_number:Q", title="trial (start order)"))
+    base = alt.Chart(store.add(df)).encode(x=alt.X("trial_number:Q", title="candidate (start order)"))
     dots = base.mark_circle(size=60).encode(
         y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
         tooltip=[
-            alt.Tooltip("trial_id:N", title="trial"),
+            alt.Tooltip("trial_id:N", title="config (trial_id)"),
             alt.Tooltip("seeds:N", title="seeds"),
             "trial_number:Q",
             alt.Tooltip("objective:Q", format=".4g"),
@@ -471,7 +558,7 @@ def objective_by_trial(
     line = base.mark_line(interpolate="step-after", color="#999").encode(
         y=alt.Y("best:Q", title="objective")
     )
-    title = f"Objective by trial (line: best so far, {'max' if maximize else 'min'}imized)"
+    title = f"Objective by candidate (line: best so far, {'max' if maximize else 'min'}imized)"
     return alt.layer(line, dots).properties(width=320, height=220, title=title)
 
 
@@ -488,7 +575,7 @@ def objective_by_param(store: ChartData, trials: pd.DataFrame, params: Sequence[
                 x=alt.X("param:Q", title=p.removeprefix("param_"), scale=alt.Scale(zero=False)),
                 y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
                 tooltip=[
-                    alt.Tooltip("trial_id:N", title="trial"),
+                    alt.Tooltip("trial_id:N", title="config (trial_id)"),
                     alt.Tooltip("seeds:N", title="seeds"),
                     alt.Tooltip("param:Q", title=p, format=".4g"),
                     alt.Tooltip("objective:Q", format=".4g"),

@@ -1,7 +1,7 @@
 """Read-only DuckDB views over a results folder, ``study sql`` and ``study ls``.
 
-:func:`connect` opens the five tables of every study under ``OUT/tables`` as views
-``trials``, ``runs``, ``metrics``, ``evals`` and ``predictions``:
+:func:`connect` opens the six tables of every study under ``OUT/tables`` as views
+``trials``, ``runs``, ``metrics``, ``evals``, ``predictions`` and ``evaluations``:
 
 * files are ``OUT/tables/<table>/study=<NAME>/*.parquet`` (names starting with ``.`` or
   ``_`` - temporary files of an atomic write - are skipped); a file without a ``study``
@@ -12,7 +12,10 @@
 * ``runs`` is the commit marker: ``metrics``, ``evals`` and ``predictions`` show a row
   only if its ``(study, trial_id, seed)`` has a runs row; leftovers of uncommitted work
   are invisible. Should ``runs`` hold two rows for one ``(study, trial_id, seed)``, the
-  view keeps the latest ``committed_at``. ``trials`` shows every executed unit as written.
+  view keeps the latest ``committed_at``. ``trials`` shows every executed unit as written;
+* an ``evaluations`` row is the commit marker of a later evaluation of kept weights on one
+  split (``study eval``): its ``evals`` and ``predictions`` rows (``eval_id`` set) show only
+  once it exists, and then replace that (trial, seed)'s training-time rows of the split.
 
 How the connection refuses writes: the files are scanned through Arrow datasets
 registered with DuckDB, the views live in a throw-away database file that is reopened
@@ -39,7 +42,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from analysis.errors import AnalysisError
-from analysis.formatting import check_format, format_frame
+from analysis.formatting import check_format, format_frame, format_rows
 from analysis.manifest import load_manifest, study_names
 from analysis.schema import SCHEMAS, TABLES
 
@@ -55,11 +58,34 @@ VIEW_SQL = {
         "ORDER BY committed_at DESC NULLS LAST, unit_id DESC NULLS LAST) = 1"
     ),
 }
-for _t in ("metrics", "evals", "predictions"):
-    VIEW_SQL[_t] = (
-        f"SELECT t.* FROM _{_t}_raw AS t SEMI JOIN _runs_raw AS r "
-        "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed"
+VIEW_SQL["metrics"] = (
+    "SELECT t.* FROM _metrics_raw AS t SEMI JOIN _runs_raw AS r "
+    "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed"
+)
+
+
+def evaluated_rows_sql(source: str, runs: str, evaluations: str) -> str:
+    """The committed rows of ``evals`` or ``predictions`` (scanned as ``source``): a training
+    row when its (study, trial_id, seed) has a runs row and no committed evaluation replaced
+    its split; an evaluation's row (``eval_id`` set) once its ``evaluations`` row exists."""
+    committed = f"SEMI JOIN {runs} AS r ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed"
+    same = "e.study = t.study AND e.trial_id = t.trial_id AND e.seed = t.seed AND e.split = t.split"
+    return (
+        f"SELECT t.* FROM {source} AS t {committed} ANTI JOIN {evaluations} AS e ON {same} "
+        f"WHERE t.eval_id IS NULL UNION ALL "
+        f"SELECT t.* FROM {source} AS t {committed} SEMI JOIN {evaluations} AS e "
+        f"ON {same} AND e.eval_id = t.eval_id"
     )
+
+
+for _t in ("evals", "predictions"):
+    VIEW_SQL[_t] = evaluated_rows_sql(f"_{_t}_raw", "_runs_raw", "_evaluations_raw")
+VIEW_SQL["evaluations"] = (
+    "SELECT t.* FROM _evaluations_raw AS t SEMI JOIN _runs_raw AS r "
+    "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed "
+    "QUALIFY row_number() OVER (PARTITION BY study, trial_id, seed, split "
+    "ORDER BY evaluated_at DESC NULLS LAST) = 1"
+)
 
 
 def result_studies(out: Path) -> list[str]:
@@ -258,15 +284,20 @@ def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None =
 
 @dataclass(frozen=True)
 class StudyInfo:
-    """One row of ``study ls``."""
+    """One row of ``study ls``. ``planned`` and ``done`` both count *runs*: one config
+    (trial_id) trained with one seed, i.e. one row of the ``runs`` table."""
 
     name: str
     kind: str | None
     """``seeds`` or ``tune`` (from the manifest; ``None`` without one)."""
     task: str | None
     model: str | None
+    configs: int | None
+    """Configs planned: a seed study's grid points, a tuning study's candidates (Optuna
+    trials, ``tune.trials``); ``None`` without a manifest."""
     planned: int | None
-    """Runs planned: sum over the manifest's points of their seed counts."""
+    """Runs planned: per config its seed count, summed (a tuning study: candidates x
+    ``tune.seeds_per_candidate``); ``None`` without a manifest."""
     done: int
     """Committed runs (any status: a committed run is finished)."""
     ok: int
@@ -304,13 +335,15 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
         m = load_manifest(out, name)
         done, ok, failed, diverged = counts.get(name, (0, 0, 0, 0))
         task, model = from_trials.get(name, (None, None))
+        configs, planned = _planned(m)
         infos.append(
             StudyInfo(
                 name=name,
                 kind=m.kind if m else None,
                 task=(m.task if m and m.task else task),
                 model=(m.model if m and m.model else model),
-                planned=m.planned if m else None,
+                configs=configs,
+                planned=planned,
                 done=int(done),
                 ok=int(ok),
                 failed=int(failed),
@@ -320,15 +353,25 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
     return infos
 
 
+def _planned(m: Any) -> tuple[int | None, int | None]:
+    """(configs, runs) a study's manifest plans: a tuning study's candidates and
+    candidates x seeds per candidate (its ``points`` hold only the base config), else the
+    points and their seed counts summed; (None, None) without a manifest."""
+    if m is None:
+        return None, None
+    tune = m.raw.get("tune")
+    if m.kind == "tune" and isinstance(tune, dict):
+        try:
+            candidates = int(m.raw["tune_trials"])
+            return candidates, candidates * int(tune["seeds_per_candidate"])
+        except (KeyError, TypeError, ValueError):
+            pass  # an older or hand-made manifest: fall back to its points
+    return (len(m.points) if m.points else None), m.planned
+
+
 def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
     """``list_studies`` output as text table, CSV or JSON."""
-    import pandas as pd
-
-    cols = list(StudyInfo.__dataclass_fields__)
-    df = pd.DataFrame([i.as_dict() for i in infos], columns=cols)
-    for c in ("planned", "done", "ok", "failed", "diverged"):
-        df[c] = df[c].astype("Int64")
-    return format_frame(df, fmt)
+    return format_rows(infos, fmt, columns=list(StudyInfo.__dataclass_fields__))
 
 
 def outside_views_sql(out: Path | str) -> str:
@@ -337,7 +380,8 @@ def outside_views_sql(out: Path | str) -> str:
 
     The same rule as :func:`connect`: ``metrics``, ``evals`` and ``predictions`` rows count
     only when their ``(study, trial_id, seed)`` has a ``runs`` row (the commit marker);
-    ``runs`` keeps the latest commit per run. Temporary files of an atomic write end in
+    ``runs`` keeps the latest commit per run; where ``study eval`` has written evaluations,
+    their rows count once their ``evaluations`` row exists (write the views again after it). Temporary files of an atomic write end in
     ``.tmp`` and are not matched by ``*.parquet``. The study comes from the ``study=``
     folder (``hive_partitioning``), so files with or without a ``study`` column both read.
     """
@@ -354,9 +398,14 @@ def outside_views_sql(out: Path | str) -> str:
         f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {scan('runs')} QUALIFY row_number() "
         "OVER (PARTITION BY study, trial_id, seed ORDER BY committed_at DESC NULLS LAST) = 1;",
     ]
-    for t in ("metrics", "evals", "predictions"):
+    evaluated = bool(table_files(Path(out), "evaluations"))
+    for t in ("metrics", "evals", "predictions") if not evaluated else ("metrics",):
         lines.append(
             f"CREATE OR REPLACE VIEW {t} AS SELECT t.* FROM {scan(t)} AS t SEMI JOIN runs AS r "
             "ON t.study = r.study AND t.trial_id = r.trial_id AND t.seed = r.seed;"
         )
+    if evaluated:  # `study eval` ran: its rows replace training-time rows once committed
+        lines.append(f"CREATE OR REPLACE VIEW evaluations AS SELECT * FROM {scan('evaluations')};")
+        for t in ("evals", "predictions"):
+            lines.append(f"CREATE OR REPLACE VIEW {t} AS {evaluated_rows_sql(scan(t), 'runs', 'evaluations')};")
     return "\n".join(lines) + "\n"

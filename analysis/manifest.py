@@ -19,6 +19,10 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
   that metric and in the report's verdict;
 * ``primary_metric``: the metric of the distribution chart and summaries (default
   ``accuracy`` when present);
+* ``aggregates``: ``[{"kind": "best_k" | "checkpoint_regression" | "baseline", ...}]`` - a
+  paper's own summaries, kept raw here and parsed by :mod:`analysis.aggregates`;
+* ``events``: ``["val accuracy >= 0.5" | {"name"?, "split", "metric", "op", "threshold"}]`` -
+  times to an event read from the ``metrics`` curves (:mod:`analysis.survival`);
 * ``decision_boundary``: ``{"grid": [low, high, n], "split"?: "grid", "metric"?: "p_y1",
   "axes"?: ["x1", "x2"], "id"?: "i1 * n + i2"}`` - a 2-D decision surface per seed. The
   ``split``'s rows in the ``predictions`` table are the points of the regular grid
@@ -95,6 +99,10 @@ class Declarations:
     curve_metrics: tuple[str, ...] = ()
     metric_definitions: dict[str, str] = field(default_factory=dict)
     """metric name -> what it measures, as the task declares it (shown where it is drawn)."""
+    aggregates: tuple[Any, ...] = ()
+    """The raw ``aggregates`` entries (parsed by :func:`analysis.aggregates.parse_aggregates`)."""
+    events: tuple[Any, ...] = ()
+    """The raw ``events`` entries (parsed by :func:`analysis.survival.event_from_declaration`)."""
     unknown: tuple[str, ...] = ()
 
 
@@ -308,6 +316,8 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     boundary: BoundaryDecl | None = None
     curve_metrics: list[str] = []
     definitions: dict[str, str] = {}
+    aggregates: tuple[Any, ...] = ()
+    events: tuple[Any, ...] = ()
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -343,6 +353,10 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
             pass
         elif key == "metric_definitions" and isinstance(value, dict):
             definitions = {str(k): str(v) for k, v in value.items()}
+        elif key == "aggregates" and isinstance(value, list | tuple):
+            aggregates = tuple(value)
+        elif key == "events" and isinstance(value, list | tuple):
+            events = tuple(value)
         else:
             unknown.append(str(key))
     primary = decl.get("primary_metric")
@@ -355,5 +369,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         decision_boundary=boundary,
         curve_metrics=tuple(dict.fromkeys(curve_metrics)),
         metric_definitions=definitions,
+        aggregates=aggregates,
+        events=events,
         unknown=tuple(unknown),
     )

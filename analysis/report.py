@@ -15,7 +15,11 @@ mean and 95% bootstrap band over a fixed set of seeds (min-max with ``band="minm
 with one band per grid point in a panel per split when the study has several points;
 the decision surface per seed of a task that declares ``decision_boundary`` (heatmap
 with its 0.5 contour); for tuning studies the objective by trial and against each
-``param_*``; the task's declared histograms and regressions. Runs that are not ``ok``
+``param_*``; the task's declared histograms and regressions; the declared aggregates
+(:mod:`analysis.aggregates`: tables under the verdict, their charts last, and each declared
+baseline as a labelled rule on every chart of its metric); last the Kaplan-Meier curves of
+the task's declared events, the seed-count chart and a grid's power chart
+(:mod:`analysis.seed_charts`). Runs that are not ``ok``
 (diverged, not_learned) are left out of means and bands and counted in the verdict.
 Each metric's definition (declared by the task) is written under its charts.
 
@@ -37,11 +41,13 @@ import altair as alt
 from analysis import bands, charts
 from analysis import queries as q
 from analysis import verdict as vd
+from analysis.aggregates import StudyAggregates, study_aggregates
 from analysis.analyze import analyze, declared_regressions, scatter_data
 from analysis.boundary import boundary_data, point_grids
 from analysis.context import StudyContext, axis_label, open_study
 from analysis.errors import AnalysisError
 from analysis.report_page import definition, header_html, header_lines, render_html, vl_version
+from analysis.seed_charts import question_panels
 
 __all__ = ["Panel", "Report", "analyze", "build_report", "write_report"]
 """``analyze`` lives in :mod:`analysis.analyze`; it is re-exported here for the CLI."""
@@ -118,7 +124,7 @@ def _curves(
             f"{metric} curves: {per_seed['point'].nunique()} grid points pooled into one band "
             f"(more than {MAX_CURVE_POINTS})"
         )
-        per_seed["point"] = "all trials"
+        per_seed["point"] = "all configs"
     agg, notes = bands.curve_bands(per_seed, band=band, n_boot=n_boot, seed=seed)
     ctx.notes.extend(f"{metric} curves: {n}" for n in notes)
     name = "95% bootstrap band of the mean" if band == "ci" else "min-max band"
@@ -196,13 +202,17 @@ def build_charts(
     seed: int = 0,
     band: str = "ci",
     verdict: vd.Verdict | None = None,
+    aggregates: StudyAggregates | None = None,
 ) -> list[Panel]:
     """The study's charts, in page order (see the module docstring); rows go to ``store``.
 
     ``band``: ``ci`` (95% bootstrap bands of the mean) or ``minmax`` (range over seeds,
-    and min-max boxes beside the per-split dots)."""
+    and min-max boxes beside the per-split dots). ``aggregates``: the declared aggregates
+    (:func:`analysis.aggregates.study_aggregates`, computed here when not given): their
+    charts, and their baselines beside every chart of the baseline's metric."""
     if band not in bands.BANDS:
         raise AnalysisError(f"band {band!r} is not one of {', '.join(bands.BANDS)}")
+    agg = study_aggregates(ctx) if aggregates is None else aggregates
     out: list[Panel] = []
     e = ctx.evals
     if ctx.primary is not None:
@@ -253,7 +263,9 @@ def build_charts(
         ctx.notes.append("tuning study without objective values: no tuning charts")
     for h in ctx.histograms:
         values = e[(e["split"] == h.split) & (e["metric"] == h.metric)]
-        chart = charts.histogram(store, values, h.split, h.metric, multi=ctx.multi)
+        chart = charts.histogram(
+            store, values, h.split, h.metric, multi=ctx.multi, baseline=agg.baseline_for(h.split, h.metric)
+        )  # fmt: skip
         out.append(Panel(f"histogram-{h.split}-{h.metric}", chart))
     for r in declared_regressions(ctx):
         if r.pairs.empty:
@@ -269,8 +281,13 @@ def build_charts(
             r.fits,
             r.decl.over,
             multi=ctx.multi,
+            baseline=agg.baseline_for(r.decl.y.split, r.decl.y.metric),
         )
         out.append(Panel(f"regression-{r.decl.over}-{r.decl.y.split}-{r.decl.y.metric}", chart))
+    for res in agg.results:
+        for name, chart, wide in res.decl.panels(res, store, agg.baselines, multi=ctx.multi):
+            out.append(Panel(name, chart, wide=wide))
+    out += [Panel(n, c, wide=w) for n, c, w in question_panels(ctx, store, verdict)]
     return out
 
 
@@ -400,11 +417,14 @@ def build_report(
             step("computing statistics and charts")
             verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
             store = charts.ChartData()
-            panels = build_charts(ctx, store, n_boot=n_boot, seed=seed, band=band, verdict=verdict)
+            agg = study_aggregates(ctx)
+            panels = build_charts(
+                ctx, store, n_boot=n_boot, seed=seed, band=band, verdict=verdict, aggregates=agg
+            )
             step("done")
             return Report(
                 study,
-                header_html(ctx, verdict),
+                header_html(ctx, verdict, agg.results),
                 tuple(panels),
                 store,
                 header_lines(ctx, verdict),

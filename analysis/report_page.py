@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from analysis import verdict as vd
+from analysis.aggregates import AggregateResult
 from analysis.context import StudyContext
 from analysis.db import list_studies
 
@@ -65,8 +67,9 @@ def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
                 + (f", {other} other (not_learned...), left out of every number" if other else ""),
             )
         )
-    if m and m.seeds is not None:
-        rows.append(("seeds per point", str(m.seeds)))
+    seeds = seeds_row(m)
+    if seeds:
+        rows.append(seeds)
     points = sorted(set(ctx.evals["point"])) if not ctx.evals.empty else []
     if len(points) > 1:
         rows.append(("grid points", "; ".join(points)))
@@ -76,6 +79,23 @@ def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
         rows.append(("tuned from", json.dumps(m.tuned_from)))
     rows.append(("report written", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")))
     return rows
+
+
+def seeds_row(m: Any) -> tuple[str, str] | None:
+    """The header's seed count: a tuning study's seeds per candidate (``tune.seeds_per_candidate``,
+    not its ``seeds.count``); a seed study's seeds per config (grid point), each point's own
+    count when they differ; None when the manifest says nothing."""
+    if m is None:
+        return None
+    tune = m.raw.get("tune")
+    if m.kind == "tune" and isinstance(tune, dict) and tune.get("seeds_per_candidate") is not None:
+        return "seeds per candidate", str(tune["seeds_per_candidate"])
+    labels = m.point_labels()
+    counts = {labels.get(str(p.get("trial_id")), "?"): p.get("seeds", m.seeds) for p in m.points}
+    if len(set(counts.values())) > 1:
+        return "seeds per config", "; ".join(f"{label}: {n}" for label, n in counts.items())
+    n = next(iter(counts.values()), m.seeds)
+    return ("seeds per config", str(n)) if n is not None else None
 
 
 def resolved_configs(ctx: StudyContext) -> dict[str, Any]:
@@ -173,7 +193,20 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
     return "".join(parts) + "</section>"
 
 
-def header_html(ctx: StudyContext, v: vd.Verdict | None = None) -> str:
+def aggregates_html(results: Sequence[AggregateResult]) -> str:
+    """The task's declared aggregates (id ``aggregates``): one table each, under its title."""
+    if not results:
+        return ""
+    parts = ["<section id='aggregates'><h2>Declared by the task</h2>"]
+    for r in results:
+        cols = [(c, c) for c in r.table.columns if not r.table[c].isna().all()]
+        parts.append(f"<p>{html.escape(r.title)}:</p>" + _html_table(r.table, cols))
+    return "".join(parts) + "</section>"
+
+
+def header_html(
+    ctx: StudyContext, v: vd.Verdict | None = None, aggregates: Sequence[AggregateResult] = ()
+) -> str:
     m = ctx.manifest
     cells = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
@@ -191,9 +224,10 @@ def header_html(ctx: StudyContext, v: vd.Verdict | None = None) -> str:
         f"<h1>fineline study report: {html.escape(ctx.name)}</h1>"
         f"<table class='meta'>{cells}</table>"
         + (verdict_html(v, definition(ctx, v.metric) if v.metric else None) if v else "")
+        + aggregates_html(aggregates)
         + f"<details><summary>{what}</summary><pre>{config}</pre></details>"
         + (f"<p>Notes:</p><ul class='notes'>{notes}</ul>" if notes else "")
-        + "<p class='hint'>Hover a dot for its seed and trial; click a dot to highlight that "
+        + "<p class='hint'>Hover a dot for its seed and config (trial_id); click a dot to highlight that "
         "seed in every chart, double-click to clear.</p>"
     )
 
@@ -216,6 +250,8 @@ table.meta th { text-align: left; padding: 2px 12px 2px 0; color: #555; font-wei
 table.meta td { padding: 2px 0; }
 #verdict { border: 1px solid #ccc; padding: 8px 14px; margin: 12px 0; max-width: 1200px; }
 #verdict h2 { font-size: 16px; margin: 4px 0 8px; }
+#aggregates { margin: 12px 0; max-width: 1400px; overflow-x: auto; }
+#aggregates h2 { font-size: 16px; margin: 4px 0 8px; }
 #verdict .sentence { font-size: 15px; font-weight: 600; }
 table.verdict { border-collapse: collapse; font-size: 12px; margin: 4px 0 10px; }
 table.verdict th, table.verdict td { border-bottom: 1px solid #e4e4e4; padding: 2px 8px; text-align: left; }

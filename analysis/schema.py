@@ -14,8 +14,9 @@ import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
 
-TABLES: tuple[str, ...] = ("trials", "runs", "metrics", "evals", "predictions")
-"""The five tables, in the order the views are created."""
+TABLES: tuple[str, ...] = ("trials", "runs", "metrics", "evals", "predictions", "evaluations")
+"""The six tables, in the order the views are created (``evaluations``: later evaluations of
+kept weights, ``study eval``)."""
 
 SEED_SOURCES: tuple[str, ...] = ("init_seed", "order_seed", "dropout_seed", "data_seed")
 """The ``runs`` columns naming each seed source."""
@@ -63,6 +64,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("node", pa.string()),
             ("wall_s", pa.float64()),
             ("committed_at", TS),
+            ("weights", pa.string()),  # kept weights, a path relative to OUT (NULL: none kept)
         ]
     ),
     "metrics": pa.schema(
@@ -87,6 +89,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("role", pa.string()),
             ("metric", pa.string()),
             ("value", pa.float64()),
+            ("eval_id", pa.string()),  # NULL: from training; else the evaluations row it belongs to
         ]
     ),
     "predictions": pa.schema(
@@ -100,6 +103,21 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("target", pa.string()),
             ("prediction", pa.string()),
             ("correct", pa.bool_()),
+            ("eval_id", pa.string()),
+        ]
+    ),
+    "evaluations": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("eval_id", pa.string()),
+            ("data_hash", pa.string()),  # hash of the split's data it evaluated
+            ("n_examples", pa.int64()),
+            ("weights", pa.string()),
+            ("evaluated_at", TS),
         ]
     ),
 }

@@ -1,4 +1,11 @@
-"""The ``study`` command line: run, resume, ls, status, sql, analyze, report, tune."""
+"""The ``study`` command line: run, resume, ls, status, sql, analyze, report, tune.
+
+Words, as the output and the help use them: a **config** is one resolved configuration
+(task, model, training), named by its ``trial_id`` (a hash; the Parquet column keeps that
+name); a **run** is one config trained with one seed (one row of ``runs``); a **bundle**
+is the seeds of one config trained together as one Ray Tune trial; a **candidate** is one
+config an Optuna search proposed (an Optuna trial).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,10 @@ from trainables.errors import ConfigError, FinelineError
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="fineline: hyperparameter and random-seed studies of neural networks on Ray.",
+    help="fineline: hyperparameter and random-seed studies of neural networks on Ray.\n\n"
+    "Words: a config is one resolved configuration, named by its trial_id (a hash); a run is "
+    "one config trained with one seed; a bundle is the seeds of one config trained together as "
+    "one Ray Tune trial; a candidate is one config an Optuna search proposed (an Optuna trial).",
     pretty_exceptions_enable=False,
 )
 
@@ -27,12 +37,29 @@ AddressOpt = Annotated[
     str | None, typer.Option("--address", help="Existing Ray cluster address (default: start a local Ray).")
 ]
 CpusOpt = Annotated[int | None, typer.Option("--num-cpus", min=1, help="CPUs for a local Ray (default: all).")]
-FormatOpt = Annotated[str, typer.Option("--format", help="table, csv or json.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="table, csv or json (checked before anything runs).")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Overrides of the study file, Hydra style: dotted.field=value, e.g. train.lr=0.05 "
+        "seeds.count=10 model.hidden_size=64 (values are YAML: 10, 0.05, 1e-3, true, null, \\[a,b]); "
+        "validated like the file and recorded in the study's manifest.",
+        show_default=False,
+    ),
+]
 
 
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _config_file(config: Path) -> Path:
+    """The CONFIG argument, refused when it is an override given without a study file first."""
+    if "=" in config.name and not config.exists():
+        _fail(f"CONFIG: {str(config)!r} is an override, not a study file. Fix: give the study file "
+              f"first, then the overrides: `study run configs/quickstart.yaml {config}`")
+    return config
 
 
 def _study_name(name: str | None, cfg_name: str | None, field: str = "--name") -> str:
@@ -47,7 +74,10 @@ def _study_name(name: str | None, cfg_name: str | None, field: str = "--name") -
 @app.command()
 def run(
     config: Annotated[Path | None, typer.Argument(help="Study YAML (omit with --from-best).")] = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", min=1, help="Seed count (overrides seeds.count).")] = None,
+    overrides: OverridesArg = None,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", min=1, help="Seed count of every config (like seeds.count=N).")
+    ] = None,
     name: NameOpt = None,
     out: OutOpt = Path("results"),
     address: AddressOpt = None,
@@ -56,11 +86,19 @@ def run(
         str | None, typer.Option("--from-best", help="Seed study of the best candidate of a tuning study.")
     ] = None,
 ) -> None:
-    """Run (or resume) a seed study: every grid point x its seeds, one Ray Tune trial per bundle."""
+    """Run (or resume) a seed study: every config (grid point) x its seeds.
+
+    Each bundle (the seeds of one config trained together) is one Ray Tune trial; each run
+    (config x seed) lands in Parquet."""
     from study.config import load
     from study.runner import run_study
 
     if from_best is not None:
+        given = [str(config)] if config is not None else []
+        given += overrides or []
+        if any("=" in g for g in given):
+            _fail(f"{next(g for g in given if '=' in g)}: overrides need a CONFIG; --from-best takes its "
+                  "config from the tuning study. Fix: drop the overrides (--seeds and --name still apply)")
         if config is not None:
             _fail("CONFIG: give either a CONFIG or --from-best, not both. Fix: drop one")
         from study.tuning import best_config
@@ -76,7 +114,7 @@ def run(
         if config is None:
             _fail("CONFIG: missing. Fix: `study run configs/quickstart.yaml` or `study run --from-best TUNE_STUDY`")
         assert config is not None
-        cfg = load(config, seeds)
+        cfg = load(_config_file(config), seeds, overrides or ())
         study_name, extra = _study_name(name, cfg.name), None
     counts = run_study(cfg, study_name, out, address, num_cpus, extra_manifest=extra)
     typer.echo(
@@ -93,9 +131,14 @@ def resume(
     address: AddressOpt = None,
     num_cpus: CpusOpt = None,
 ) -> None:
-    """Finish an interrupted study from its manifest (committed seeds are kept)."""
+    """Finish an interrupted study from its manifest (committed runs are kept).
+
+    It reruns the config recorded there (the study file with its command-line overrides
+    applied) with its seed counts."""
+    import dataclasses
+
     from study import manifest
-    from study.config import parse
+    from study.config import parse, with_point_counts
     from study.runner import run_study
 
     m = manifest.read(out, name)
@@ -107,12 +150,18 @@ def resume(
     except (TypeError, ValueError):
         raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds / tune_trials)",
                           "restore it, or re-create it with `study run CONFIG --name NAME`") from None
+    recorded = tuple(str(o) for o in m.get("overrides") or ())  # already applied to m["config"]
     if m.get("kind") == "tune":
         from study.tuning import run_tuning
 
-        run_tuning(parse(m["config"], None, m.get("plugin_dir")), name, out, trials, address, num_cpus)
+        raw = manifest.recorded_config(m)
+        cfg = dataclasses.replace(parse(raw, None, m.get("plugin_dir")), overrides=recorded)
+        run_tuning(cfg, name, out, trials, address, num_cpus)
         return
-    cfg = parse(m["config"], seeds, m.get("plugin_dir"))
+    per_point = {str(p["trial_id"]): int(p["seeds"]) for p in m.get("points") or [] if "trial_id" in p}
+    raw = manifest.recorded_config(m)
+    cfg = with_point_counts(parse(raw, None if per_point else seeds, m.get("plugin_dir")), per_point)
+    cfg = dataclasses.replace(cfg, overrides=recorded)
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest={k: m[k] for k in ("tuned_from",) if k in m})
     typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
 
@@ -120,6 +169,7 @@ def resume(
 @app.command()
 def tune(
     config: Annotated[Path, typer.Argument(help="Study YAML with a `tune:` block.")],
+    overrides: OverridesArg = None,
     trials: Annotated[
         int | None,
         typer.Option("--trials", min=1, help="Candidates to finish (overrides tune.trials)."),
@@ -131,13 +181,15 @@ def tune(
 ) -> None:
     """Search hyperparameters with Optuna against a val / val_ood split (never a test split).
 
+    Each candidate (an Optuna trial) is one config, trained with tune.seeds_per_candidate seeds.
+
     Re-running with the same --name resumes (finished candidates are kept). See docs/tuning.md.
     """
     from analysis.db import run_sql
     from study.config import load
     from study.tuning import ranking_sql, run_tuning, storage_url, tune_block
 
-    cfg = load(config)
+    cfg = load(_config_file(config), None, overrides or ())
     study_name = _study_name(name, cfg.name)
     counts = run_tuning(cfg, study_name, out, trials, address, num_cpus)
     block = tune_block(cfg)
@@ -160,29 +212,37 @@ def plugins(
 ) -> None:
     """Registered tasks and models: where each came from (entry point or study file) and its
     config fields. With CONFIG, the study file's `plugins:` are loaded first."""
+    from analysis.formatting import format_rows
     from study.plugins_info import registered
 
     if config is not None:
         from study.config import load
 
         load(config)
-    typer.echo(_format(registered(with_docs=fields), fmt))
+    typer.echo(format_rows(registered(with_docs=fields), fmt))
 
 
 @app.command("ls")
 def ls(out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
-    """List studies with their status and counts."""
-    from analysis.db import list_studies
+    """List studies with their counts.
 
-    typer.echo(_format(list_studies(out), fmt))
+    configs: grid points (a tuning study: candidates) planned; planned and done count runs
+    (one config x one seed); ok, failed and diverged split the done runs."""
+    from analysis.db import format_studies, list_studies
+
+    typer.echo(format_studies(list_studies(out), fmt))
 
 
 @app.command()
 def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
-    """Planned, done, diverged, failed and pending seeds per grid point."""
+    """Seeds planned, done, diverged and pending per config.
+
+    One row per config (grid point; trial_id is its hash): seeds planned, done (committed),
+    ok, diverged, not_learned and pending."""
+    from analysis.formatting import format_rows
     from study.status import study_status
 
-    typer.echo(_format(study_status(out, name), fmt))
+    typer.echo(format_rows(study_status(out, name), fmt))
 
 
 @app.command()
@@ -201,13 +261,46 @@ def sql(
 def analyze(
     name: Annotated[str, typer.Argument()],
     out: OutOpt = Path("results"),
-    fmt: Annotated[str, typer.Option("--format", help="table or json (schema: docs/analysis.md).")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="table, json (every section; schema: docs/analysis.md) or csv "
+                     "(the summary table: one row per config, split and metric)."),
+    ] = "table",
     n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples per interval.")] = 2000,
+    event: Annotated[
+        list[str] | None,
+        typer.Option("--event", help="Time to an event read from the learning curves, "
+                     "'[NAME:] SPLIT METRIC OP THRESHOLD' (e.g. 'val accuracy >= 0.5'; repeatable; "
+                     "replaces the task's declared events)."),
+    ] = None,
+    half_width: Annotated[
+        float | None,
+        typer.Option("--half-width", min=0, help="Seeds needed to estimate a mean to +- this "
+                     "(default 0.02 for a [0, 1] metric, else 2% of the mean)."),
+    ] = None,
+    difference: Annotated[
+        float | None,
+        typer.Option("--difference", min=0, help="Seeds per config to detect this difference "
+                     "with 80% power (default 0.05 for a [0, 1] metric, else 5% of the mean)."),
+    ] = None,
 ) -> None:
     """The verdict (does the config or the seed decide?), then seed statistics: summary with
-    bootstrap intervals, correlations between test splits, configured regressions."""
+    bootstrap intervals, correlations between test splits, configured regressions, time to
+    events, seeds needed and the seeds x examples Multi-Bootstrap."""
+    from functools import partial
+
     from analysis.report import analyze as do_analyze
 
+    do_analyze = partial(do_analyze, events=event, half_width=half_width, difference=difference)
+
+    if fmt == "csv":
+        import json
+
+        from analysis.formatting import format_rows
+
+        doc = json.loads(do_analyze(out, name, "json", n_boot=n_boot))
+        typer.echo(format_rows(doc["summary"], "csv"))
+        return
     typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
 
 
@@ -225,34 +318,44 @@ def report(
     typer.echo(f"report written: {path}")
 
 
-def _format(items: list[Any], fmt: str) -> str:
-    import dataclasses
-    import json
+@app.command("eval")
+def evaluate(
+    name: Annotated[str, typer.Argument(help="Seed study whose kept weights to evaluate.")],
+    split: Annotated[
+        list[str] | None,
+        typer.Option("--split", help="Test split to (re-)evaluate even if unchanged (repeatable; "
+                     "default: every test split added or changed since training)."),
+    ] = None,
+    out: OutOpt = Path("results"),
+) -> None:
+    """Evaluate a study's kept weights (execution.keep_weights) on test splits added or changed
+    since training, without retraining: new evals / predictions rows under each split's name,
+    each evaluation committed on its own; re-running writes nothing new. CPU, no Ray."""
+    from collections import Counter
 
-    rows = [
-        dataclasses.asdict(r) if dataclasses.is_dataclass(r) and not isinstance(r, type) else dict(r)
-        for r in items
-    ]
+    from study.evaluate import evaluate_study
 
-    if fmt == "json":
-        return json.dumps(rows, indent=2, default=str)
-    if not rows:
-        return "(none)"
-    cols = list(rows[0])
-    if fmt == "csv":
-        return "\n".join([",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows])
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(cols, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    done = evaluate_study(out, name, split or ())
+    if not done.committed:
+        typer.echo(f"study {name}: every test split of its {done.kept} kept runs is up to date (nothing written)")
+        return
+    per = Counter((s, why) for s, _, _, why in done.committed)
+    what = "; ".join(f"{s}: {n} {why}" for (s, why), n in sorted(per.items()))
+    skipped = f"; {done.without_weights} runs without kept weights skipped" if done.without_weights else ""
+    typer.echo(
+        f"study {name}: {len(done.committed)} evaluation{'s' * (len(done.committed) != 1)} committed "
+        f"({what}), {done.up_to_date} up to date"
+        f"{skipped}. Rows: study sql --out {out} \"SELECT e.split, e.seed, v.metric, v.value FROM evaluations e "
+        f"JOIN evals v USING (study, trial_id, seed, split) WHERE e.study = '{name}'\""
+    )
 
 
 MAX_ERROR = 800
 """Longest error line the CLI prints (characters); longer messages are cut."""
 
-WRITES = ("run", "resume", "tune")
+WRITES = ("run", "resume", "tune", "eval")
 """Commands that write under --out (the others only read it)."""
-NAMED = ("resume", "status", "analyze", "report")
+NAMED = ("resume", "status", "analyze", "report", "eval")
 """Commands whose NAME argument is a study name (one folder under --out)."""
 
 
@@ -266,9 +369,18 @@ def error_line(message: str) -> str:
 
 def _name_param(ctx: Any, param: Any, value: Any) -> Any:
     """A study NAME argument: one folder name under --out (no '/', '..' or control character)."""
-    from study.config import check_name
+    from study.manifest import check_name  # not study.config: `study status` stays torch-free
 
     return value if value is None else check_name(value, "NAME")
+
+
+def _format_param(ctx: Any, param: Any, value: str | None) -> str | None:
+    """``--format``: one of table, csv, json, refused as it is parsed (before any work)."""
+    from analysis.formatting import FORMATS
+
+    if value is not None and value not in FORMATS:
+        raise ConfigError("--format", f"unknown format {value!r}", f"use one of: {', '.join(FORMATS)}")
+    return value
 
 
 def _out_param(ctx: Any, param: Any, value: Path | None) -> Path | None:
@@ -301,6 +413,8 @@ def _command() -> Any:
         for param in sub.params:
             if param.name == "out":
                 param.callback = _out_param
+            elif param.name == "fmt":
+                param.callback = _format_param
             elif param.name == "name" and name in NAMED:
                 param.callback = _name_param
     return command

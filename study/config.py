@@ -21,10 +21,12 @@ naming the dotted field and the fix.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,14 +34,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field
 
+from study.manifest import NAME_RE, RESERVED_NAMES, check_name  # noqa: F401 (re-exported)
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
 from trainables.plugins import import_modules
 from trainables.seeding import Source
 from trainables.spec import RunSpec, validate
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-RESERVED_NAMES = {"tables"}
 TOP_LEVEL = ("name", "plugins", "task", "model", "train", "seeds", "grid", "execution", "tune")
 PER_POINT = ("task", "model", "train", "seeds")
 """Blocks a grid axis or override may set (execution, tune, name, plugins are per study)."""
@@ -83,6 +84,10 @@ class ExecutionConfig(FrozenConfig):
     """Send the study file's ``plugins:`` modules that are not installed to every Ray worker
     with the job (Ray's ``runtime_env`` ``py_modules``). Turn off only where every node
     already imports them (e.g. a shared folder on every node's PYTHONPATH)."""
+    loggers: tuple[str, ...] = ()
+    """Experiment trackers that get one run per seed with its per-epoch metrics, grouped by
+    config: any of ``tensorboard``, ``mlflow``, ``wandb``, ``aim`` (each needs its package
+    installed; see docs/trackers.md). Empty: Parquet only."""
     progress_every_s: float = Field(60.0, gt=0)
     """Not on a terminal (a log): seconds between heartbeat lines of the study's progress
     (seeds committed, running, their latest selection metric); on a terminal a live bar."""
@@ -90,6 +95,10 @@ class ExecutionConfig(FrozenConfig):
     """Seconds of training between a trial's Tune results, each followed by a checkpoint, so
     a killed trial loses at most about this much work. Each result costs some milliseconds,
     so much smaller values slow tiny models; a result always holds at least one round."""
+    keep_weights: bool = True
+    """Save each seed's selected parameters with its commit (``OUT/<NAME>/weights/``, named by
+    the runs row's ``weights`` column), so ``study eval NAME`` can evaluate them later on test
+    splits added or changed since, without retraining. False: keep none (saves disk)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,9 @@ class StudyConfig:
     plugin_dir: str | None = None
     """The study file's folder, searched first for ``plugins:`` (recorded in the manifest,
     so ``study resume`` finds them without the file)."""
+    overrides: tuple[str, ...] = ()
+    """The command line's ``dotted.field=value`` overrides as given, already applied to
+    ``raw`` (recorded in the manifest; see :func:`apply_overrides`)."""
 
     @property
     def identity_hash(self) -> str:
@@ -238,6 +250,19 @@ def parse(
     )
 
 
+def with_point_counts(cfg: StudyConfig, counts: dict[str, int]) -> StudyConfig:
+    """``cfg`` with each grid point's seed count taken from ``counts`` (trial_id -> count; a
+    study manifest's ``points``), so a resumed study keeps every point's own count (a grid
+    with per-point ``seeds.count``, a ``--seeds`` run, a grown study). Points not in
+    ``counts`` keep the config's count."""
+    points = tuple(
+        dataclasses.replace(p, seeds=_override_count(p.seeds, counts[p.trial_id]))
+        if p.trial_id in counts and counts[p.trial_id] != p.seeds.count else p
+        for p in cfg.points
+    )
+    return dataclasses.replace(cfg, points=points)
+
+
 def _override_count(seeds: SeedsConfig, count: int) -> SeedsConfig:
     """``seeds`` with ``count`` seeds (``--seeds``), validated like the file's ``seeds.count``."""
     try:
@@ -320,24 +345,125 @@ def read_yaml(path: Path, field: str = "CONFIG") -> Any:
         raise ConfigError(field, f"{path} nests too deeply", "write a plain study file") from None
 
 
-def load(path: Path, seeds_override: int | None = None) -> StudyConfig:
-    """Read and validate a study file."""
+OVERRIDE_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*$")
+"""A dotted field path of an override (``train.lr``, ``task.long_lengths``)."""
+EXPONENT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+"""``1e-3``: a float to Hydra, a string to YAML 1.1 (PyYAML wants ``1.0e-3``)."""
+OVERRIDE_FIX = "write `dotted.field=value`, e.g. train.lr=0.05 seeds.count=10 model.hidden_size=64"
+
+
+@dataclass(frozen=True)
+class Override:
+    """One ``dotted.field=value`` of the command line (Hydra's override syntax)."""
+
+    text: str
+    """As given (recorded in the manifest)."""
+    path: str
+    """The dotted field, e.g. ``train.lr`` (a grid axis: ``grid.model.cell``)."""
+    value: Any
+    """The value read as YAML: ``0.05``, ``10``, ``true``, ``null``, ``[a, b]``, ``{k: v}``;
+    ``1e-3`` is a float (as in Hydra); an empty value is the empty string."""
+
+
+def parse_override(text: str) -> Override:
+    """One override, its path and value checked (ConfigError naming it and the fix)."""
+    key, eq, value_text = text.partition("=")
+    key = key.strip().removeprefix("+")  # Hydra's "+field=value" (add a field): the same here
+    if not eq or not key:
+        raise ConfigError(_cut(text), "not an override (no `field=value`)", OVERRIDE_FIX)
+    if key.startswith("~"):
+        raise ConfigError(key, "deleting a field (`~field`) is not supported",
+                          "set the field to the value you want, or edit the study file")
+    if not OVERRIDE_KEY_RE.fullmatch(key):
+        raise ConfigError(_cut(key), "not a dotted field path", OVERRIDE_FIX)
+    block = key.split(".")[0]
+    if block not in TOP_LEVEL:
+        raise ConfigError(key, f"unknown block {block!r}",
+                          f"start the path with one of: {', '.join(TOP_LEVEL)} (e.g. train.lr=0.05)")
+    if block in BLOCKS and "." not in key:
+        raise ConfigError(key, f"`{block}` is a block, not a field",
+                          f"override one field of it, e.g. {block}.FIELD=VALUE")
+    if block not in BLOCKS and "." in key:
+        raise ConfigError(key, f"`{block}` is a single value, not a block", f"write {block}=VALUE")
+    if block == "grid" and key.count(".") < 2:
+        raise ConfigError(key, "a grid axis names a field", "write e.g. grid.model.cell=[lstm,gru]")
+    if value_text == "":
+        return Override(text, key, "")
+    try:
+        value = yaml.load(value_text, Loader=StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(key, f"value {_short(value_text)} is not a YAML value ({yaml_problem(exc)})",
+                          "quote it (e.g. \"task.data_dir='my dir'\") or write a number, true/false, "
+                          "null, [a, b] or {k: v}") from None
+    if isinstance(value, str) and EXPONENT_RE.fullmatch(value):
+        value = float(value)
+    return Override(text, key, value)
+
+
+def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override, ...]]:
+    """``raw`` (a study file's content) with the overrides applied, each given once; a
+    missing block or field is added. ``grid.<dotted field>=[...]`` sets a grid axis."""
+    overrides = tuple(parse_override(t) for t in texts)
+    seen: dict[str, str] = {}
+    for o in overrides:
+        if o.path in seen:
+            raise ConfigError(o.path, f"given twice on the command line ({seen[o.path]!r}, {o.text!r})",
+                              "give each field once")
+        seen[o.path] = o.text
+    if not overrides or not isinstance(raw, dict):
+        return raw, overrides  # a file that is no mapping: parse() says so
+    raw = copy.deepcopy(raw)
+    for o in overrides:
+        block, _, rest = o.path.partition(".")
+        if not rest:
+            raw[block] = o.value
+            continue
+        parts = [block, rest] if block == "grid" else o.path.split(".")
+        cur = raw
+        for i, part in enumerate(parts[:-1]):
+            nxt = cur.get(part)
+            if nxt is None:
+                nxt = cur[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(o.path, f"{where} is {_short(nxt)} in the study file, not a block of fields",
+                                  f"override {where} itself, or make it a block in the study file")
+            cur = nxt
+        cur[parts[-1]] = o.value
+    return raw, overrides
+
+
+def load(path: Path, seeds_override: int | None = None, overrides: Sequence[str] = ()) -> StudyConfig:
+    """Read and validate a study file, with the command line's ``dotted.field=value``
+    ``overrides`` applied first (validated like the file; an error a field of an override
+    caused says so)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("CONFIG", f"no such file {str(path)!r}", "give the path of a study YAML, e.g. configs/quickstart.yaml")
-    raw = read_yaml(path)
+    raw, parsed = apply_overrides(read_yaml(path), overrides)
+    if seeds_override is not None and "seeds.count" in {o.path for o in parsed}:
+        raise ConfigError("--seeds", "given together with the override seeds.count",
+                          "give one of them (--seeds N is the same as seeds.count=N)")
     task = raw.get("task") if isinstance(raw, dict) else None
     if isinstance(task, dict) and isinstance(task.get("data_dir"), str) and not Path(task["data_dir"]).is_absolute():
         # Ray workers run in other folders: a relative data_dir means relative to where `study` runs.
         task["data_dir"] = str((Path.cwd() / task["data_dir"]).resolve())
-    return parse(raw, seeds_override, path.resolve().parent, str(path))
+    try:
+        cfg = parse(raw, seeds_override, path.resolve().parent, str(path))
+    except ConfigError as exc:
+        culprit = next((o for o in parsed if _caused(o.path, exc.field)), None)
+        if culprit is None:
+            raise
+        raise ConfigError(exc.field, f"{exc.problem} (set on the command line by {culprit.text!r})",
+                          exc.fix) from None
+    return dataclasses.replace(cfg, overrides=tuple(o.text for o in parsed))
 
 
-def check_name(name: str, field: str = "--name") -> str:
-    """``name`` if it is a study name: one folder name under OUT (no path separator, no
-    ``..``, no control character), else ConfigError naming ``field``."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED_NAMES or ".." in name:
-        raise ConfigError(field, f"invalid study name {_short(name)}",
-                          "use letters, digits, '_', '-' or '.' (no '..'), starting with a letter or digit "
-                          "(not 'tables')")
-    return name
+def _cut(text: str, width: int = 60) -> str:
+    """``text`` as a field name in a message: at most ``width`` characters."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _caused(path: str, field: str) -> bool:
+    """Whether a ConfigError about ``field`` concerns the override of ``path``."""
+    return field == path or field.startswith(path + ".") or path.startswith(field + ".")

@@ -1,8 +1,12 @@
 """The study manifest ``OUT/<NAME>/study.json``: what a study is, for resume and analysis.
 
-It stores the raw study config (so ``study resume NAME`` needs no file), its identity
-hash (a changed config under the same name is refused), the planned points, and what the
-task wants analysed (so ``analysis`` never imports ``trainables``).
+It stores the raw study config with the command line's overrides applied (so ``study
+resume NAME`` needs no file) and those overrides, its identity hash (a changed config under
+the same name is refused, showing what changed), the planned points, and what the task
+wants analysed (so ``analysis`` never imports ``trainables``).
+
+Import-light (no torch, no Ray): ``study status`` reads manifests, so the study config
+module (which imports the task and model machinery) is only imported for type checking.
 """
 
 from __future__ import annotations
@@ -11,13 +15,38 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from study.config import StudyConfig
-from trainables.errors import StudyStateError
+import yaml
+
+from trainables.errors import ConfigError, StudyStateError
+
+if TYPE_CHECKING:
+    from study.config import StudyConfig
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+RESERVED_NAMES = {"tables"}
+"""Folder names under OUT that are not studies."""
+DIFF_LINES = 6
+"""Changed fields a refused changed config names (the rest are counted)."""
+NOT_IDENTITY = ("name", "execution", "tune", "plugins")
+"""Top-level keys whose change never changes a study's identity (nor does a seed count):
+left out of the difference a refused config shows."""
+
+
+def check_name(name: str, field: str = "--name") -> str:
+    """``name`` if it is a study name: one folder name under OUT (no path separator, no
+    ``..``, no control character), else ConfigError naming ``field``."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED_NAMES or ".." in name:
+        shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+        raise ConfigError(field, f"invalid study name {shown}",
+                          "use letters, digits, '_', '-' or '.' (no '..'), starting with a letter or digit "
+                          "(not 'tables')")
+    return name
 
 
 def study_dir(out: Path, name: str) -> Path:
@@ -53,6 +82,18 @@ def read(out: Path, name: str) -> dict[str, Any] | None:
             f"the manifest {path} is damaged (no {', '.join(missing) or 'config block'}). Fix: {fix}"
         )
     return data  # type: ignore[no-any-return]
+
+
+def recorded_config(m: dict[str, Any]) -> dict[str, Any]:
+    """The study file (overrides applied) a manifest recorded, with its value types: the
+    YAML copy where there is one (JSON turns a grid's number keys, e.g. ``hidden_size: {6:
+    ..., 8: ...}``, into text, which would resolve to other grid values), else ``config``."""
+    text = m.get("config_yaml")
+    if isinstance(text, str):
+        loaded = yaml.safe_load(text)
+        if isinstance(loaded, dict):
+            return loaded
+    return dict(m["config"])
 
 
 def write(out: Path, name: str, manifest: dict[str, Any]) -> None:
@@ -95,8 +136,10 @@ def prepare(
     if old is not None and old.get("config_hash") != cfg.identity_hash:
         raise StudyStateError(
             f"study {name!r} in {out} was created with a different config "
-            f"(hash {old.get('config_hash')} != {cfg.identity_hash}). Give a new name with "
-            f"--name to start a separate study, or restore the original config to resume it."
+            f"(hash {old.get('config_hash')} != {cfg.identity_hash}); changed: "
+            f"{config_diff(old.get('config') or {}, cfg.raw)}. Fix: give a new name with "
+            f"--name to start a separate study, or restore the original config (file and "
+            f"overrides; `study resume {name}` reruns the recorded one) to resume it."
         )
     now = dt.datetime.now(dt.UTC).isoformat()
     first = cfg.points[0].spec
@@ -110,6 +153,8 @@ def prepare(
         "task": first.task_name,
         "model": first.model_name,
         "config": cfg.raw,
+        "config_yaml": yaml.safe_dump(cfg.raw, sort_keys=False),
+        "overrides": list(cfg.overrides),
         "plugin_dir": cfg.plugin_dir,
         "plugins": plugin_sources(cfg),
         "config_hash": cfg.identity_hash,
@@ -128,6 +173,42 @@ def prepare(
     }
     write(out, name, manifest)
     return manifest
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted.key: value}`` (lists and empty blocks are values)."""
+    if not isinstance(config, dict) or (prefix and not config):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for k, v in config.items():
+        flat.update(flatten(v, f"{prefix}{k}."))
+    return {k.removesuffix("."): v for k, v in flat.items()}
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = DIFF_LINES) -> str:
+    """What changed between two raw study configs: ``train.lr 0.125 -> 0.5; ...`` (dotted
+    keys, old -> new, ``(unset)`` for a missing key), at most ``limit`` keys then a count.
+    Keys that never change the identity (:data:`NOT_IDENTITY`, seed counts) are left out."""
+    a, b = flatten(old), flatten(new)
+    keys = [
+        k for k in sorted(set(a) | set(b))
+        if a.get(k, _UNSET) != b.get(k, _UNSET)
+        and k.split(".")[0] not in NOT_IDENTITY and not (k == "seeds.count" or k.endswith(".seeds.count"))
+    ]
+    if not keys:
+        return ("nothing in the study file or overrides, but they resolve to a different config "
+                "(a default of fineline or of a plugin changed?)")
+    shown = [f"{k} {_value(a.get(k, _UNSET))} -> {_value(b.get(k, _UNSET))}" for k in keys[:limit]]
+    more = f"; ... and {len(keys) - limit} more" if len(keys) > limit else ""
+    return "; ".join(shown) + more
+
+
+_UNSET = object()
+
+
+def _value(v: Any, width: int = 40) -> str:
+    text = "(unset)" if v is _UNSET else json.dumps(v, sort_keys=True, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def plugin_sources(cfg: StudyConfig) -> dict[str, str]:

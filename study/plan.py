@@ -20,6 +20,7 @@ from study.config import Point, StudyConfig
 from trainables.registry import MODELS
 from trainables.results import committed, flatten
 from trainables.seeding import SeedSet, derive_seedset
+from trainables.trackers import driver_settings
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def unit_payload(unit: Unit, cfg: StudyConfig, out: Path, study: str, device: st
         "device": device,
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
+        "keep_weights": cfg.execution.keep_weights,
+        "loggers": driver_settings(cfg.execution.loggers),
         "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "config_json": json.dumps({**spec, "seeds": unit.point.seed_extra["seeds"]}, sort_keys=True),

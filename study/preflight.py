@@ -4,9 +4,14 @@ environment fineline's Ray driver runs with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
 import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 from rich.console import Console
 
@@ -30,6 +35,64 @@ def ray_env() -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # fineline handles SIGINT / SIGTERM itself (StopSignals): Tune's handler would swallow them
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch (``ray._private.ray_constants.ENABLE_RAY_CLUSTER``) that makes a node take
+127.0.0.1 as its address, so the GCS, raylet, object manager and workers listen on loopback
+only. Ray 2.60 has no other supported way: ``ray.init(_node_ip_address="127.0.0.1")`` is
+rewritten to the machine's address. The same switch makes ``ray start`` refuse to run, so it
+suits a local Ray only; a cluster's exposure is ``cluster.yaml``'s (docs/cluster.md)."""
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """A local Ray started inside this block listens on 127.0.0.1 only.
+
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` set by the user keeps Ray's default (every
+    interface). Ray reads the switch when its constants are first imported, so the constant is
+    set too where Ray is already imported, and both are put back afterwards (a later
+    ``--address`` run in this process must see its real address)."""
+    before = os.environ.get(LOOPBACK_ENV)
+    if before is not None and before.strip().lower() in ("1", "true"):
+        yield
+        return
+    os.environ[LOOPBACK_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    old = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = before
+        if constants is not None:
+            constants.ENABLE_RAY_CLUSTER = old  # type: ignore[attr-defined]
+
+
+def private_token() -> Path | None:
+    """Make the Ray auth token file a local Ray will use readable by its owner only.
+
+    Ray 2.60 writes a missing ``~/.ray/auth_token`` with the process umask (typically
+    world-readable). Where token auth is on and no ``RAY_AUTH_TOKEN`` is given, the file
+    (``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is created here first with mode 0600,
+    holding a token made as Ray makes them (``secrets.token_hex(32)``), or an existing one's
+    group / other permissions are removed. Returns the file's path (``None`` when not used)."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
 
 
 TOKEN_FIX = (

@@ -25,12 +25,15 @@ from rich.progress import (
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
+from study.lock import study_lock
 from study.plan import default_cpus, plan_units, seedsets, unit_payload
 from study.preflight import (
     DEAD_FIX,
     TOKEN_FIX,
     check_address,
     check_resources,
+    loopback_only,
+    private_token,
     sync_auth_mode,
     warn_cluster_resources,
 )
@@ -140,13 +143,15 @@ def ray_session(
                 ) from None
             raise ConfigError("--address", f"no Ray cluster answers at {address}", DEAD_FIX) from None
     else:
-        ray.init(
-            num_cpus=num_cpus or default_cpus(),
-            include_dashboard=False,
-            logging_level=logging.ERROR,
-            log_to_driver=True,
-            runtime_env=runtime_env,
-        )
+        private_token()
+        with loopback_only():
+            ray.init(
+                num_cpus=num_cpus or default_cpus(),
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                log_to_driver=True,
+                runtime_env=runtime_env,
+            )
     stops.install()
     SIGNALS = stops
     try:
@@ -201,6 +206,9 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
             roles_of[key] = dict(task.split_roles())
         point.spec.check_splits(roles_of[key])
     check_bundles(cfg)
+    from trainables.trackers import check_loggers
+
+    check_loggers(cfg.execution.loggers)  # unknown tracker, or its package not installed
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
@@ -266,6 +274,21 @@ def run_study(
     unless every planned run is committed."""
     out = Path(out)
     facts = check_before_ray(cfg, address, num_cpus)
+    with study_lock(out, name):
+        return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
+
+
+def _run_locked(
+    cfg: StudyConfig,
+    name: str,
+    out: Path,
+    address: str | None,
+    num_cpus: int | None,
+    kind: str,
+    extra_manifest: dict[str, Any] | None,
+    facts: dict[str, Any],
+) -> dict[str, int]:
+    """:func:`run_study` once its inputs are checked and this driver holds the study's lock."""
     manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
     device = resolve_device(cfg)

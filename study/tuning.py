@@ -40,6 +40,7 @@ import numpy as np
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name, parse
+from study.lock import study_lock
 from study.plan import seedsets
 from study.runner import (
     StopSignals,
@@ -63,6 +64,7 @@ from study.tuning_config import (
 )
 from trainables.errors import StudyStateError
 from trainables.results import committed, write_rows
+from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
     objective_stats,
@@ -105,6 +107,7 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "device": resolve_device(cfg),
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
+        "loggers": driver_settings(cfg.execution.loggers),
         "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "git_sha": manifest_mod.git_sha(),
@@ -156,6 +159,12 @@ def _told_value(objective: float, direction: str) -> float:
     return -math.inf if direction == "maximize" else math.inf
 
 
+def metric_name(objective: Objective) -> str:
+    """The objective's name in Optuna (``study.metric_names``; optuna-dashboard's axis label),
+    e.g. ``val_ood/accuracy (mean over seeds)``."""
+    return f"{objective.split}/{objective.metric} ({objective.aggregate} over seeds)"
+
+
 def _trial_dirname(trial: Any) -> str:
     """Ray's folder for a candidate (its default spells out the whole config)."""
     return f"candidate_{trial.trial_id}"
@@ -187,6 +196,8 @@ def ray_classes() -> tuple[type, type]:
 
         def __init__(self, block: TuneBlock, template: dict[str, Any], storage: Any) -> None:
             self._block, self._template = block, template
+            self._curve_steps: dict[str, int] = {}
+            """Ray trial id -> the last step of its learning curve told to Optuna."""
             mode = "max" if block.direction == "maximize" else "min"
             super().__init__(
                 space=_distributions(block),
@@ -208,6 +219,21 @@ def ray_classes() -> tuple[type, type]:
             ot_trial.set_user_attr("seeds", [s["index"] for s in self._template["seeds"]])
             return config
 
+        def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+            """The candidate's learning curve as Optuna intermediate values: its per-epoch
+            objective (``objective_curve``: [epoch or optimizer step, value] pairs since its
+            last result), each step once (a trial restored from a checkpoint resends its curve).
+            Tune hands a trial's last result only to :meth:`on_trial_complete`, which reports it too."""
+            if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+                return
+            ot_trial = self._ot_trials[trial_id]
+            last = self._curve_steps.get(trial_id, -1)
+            for step, value in result.get("objective_curve", []):
+                if int(step) > last:
+                    ot_trial.report(float(value), int(step))
+                    last = int(step)
+            self._curve_steps[trial_id] = last
+
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
         ) -> None:
@@ -215,6 +241,8 @@ def ray_classes() -> tuple[type, type]:
 
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
+            if result and not error:
+                self.on_trial_result(trial_id, result)  # the curve's last points
             study: Any = self._ot_study
             ot_trial = self._ot_trials[trial_id]
             self._completed_trials.add(trial_id)
@@ -374,13 +402,28 @@ def run_tuning(
     written for a bad config (e.g. a test split as objective), StudyFailed when candidates
     failed or the run was interrupted (re-running resumes).
     """
-    import optuna
-
     out = Path(out)
     block = tune_block(cfg)
     n_trials = trials or block.trials
     analysis = check_before_ray(cfg, address, num_cpus)
     _check_resume(out, name, block)
+    with study_lock(out, name):
+        return _tune_locked(cfg, name, out, n_trials, address, num_cpus, block, analysis)
+
+
+def _tune_locked(
+    cfg: StudyConfig,
+    name: str,
+    out: Path,
+    n_trials: int,
+    address: str | None,
+    num_cpus: int | None,
+    block: TuneBlock,
+    analysis: dict[str, Any],
+) -> dict[str, int]:
+    """:func:`run_tuning` once its inputs are checked and this driver holds the study's lock."""
+    import optuna
+
     url = storage_url(out, name)
     extra = {
         "tune_trials": n_trials,
@@ -395,6 +438,7 @@ def run_tuning(
     study = optuna.create_study(
         study_name=name, storage=storage, direction=block.direction, load_if_exists=True
     )
+    study.set_metric_names([metric_name(block.objective)])  # optuna-dashboard names the objective
     if not study.get_trials(deepcopy=False):
         for cand in block.enqueue:
             study.enqueue_trial(dict(cand))
@@ -540,7 +584,7 @@ def best_config(
             f"--from-best: tuning study {tune_name!r} has no finished candidate yet. Fix: run `study tune` first"
         )
     resolved = json.loads(found[0])
-    raw = {k: v for k, v in m["config"].items() if k not in ("tune", "name", "grid")}
+    raw = {k: v for k, v in manifest_mod.recorded_config(m).items() if k not in ("tune", "name", "grid")}
     raw.update({k: resolved[k] for k in ("task", "model", "train")})
     cfg = parse(raw, seeds or 50, m.get("plugin_dir"))
     study_name = check_name(name or f"{tune_name}-best")

@@ -426,32 +426,47 @@ class BundleRun:
         out: list[dict[str, Rows]] = [
             {"metrics": m.metrics, "evals": [], "predictions": []} for m in self.members
         ]
+        selected = [k for k, m in enumerate(self.members) if m.best_params is not None]
         for name, split in self.data.splits.items():
-            want_preds = self.train_cfg.predictions and split.role == "test"
-            ev = self.evaluate(split, predictions=want_preds)
-            for k, m in enumerate(self.members):
-                if m.best_params is None:
-                    continue
-                out[k]["evals"].extend(
-                    {"seed": m.seeds.index, "split": name, "role": split.role, "metric": met, "value": v}
-                    for met, v in ev.means[k].items()
-                )
-                if want_preds:
-                    correct = ev.per_example[k][self.task.primary_metric] > 0.5
-                    for i in range(len(split)):
-                        inp, tgt = self.task.render_example(self.data, split, i)
-                        out[k]["predictions"].append({
-                            "seed": m.seeds.index, "split": name,
-                            "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
-                            "prediction": self.task.render(split, ev.predictions[k][i], i),
-                            "correct": bool(correct[i]),
-                        })
+            for k, rows in self.split_rows(name, split, selected).items():
+                out[k]["evals"].extend(rows["evals"])
+                out[k]["predictions"].extend(rows["predictions"])
         for k, m in enumerate(self.members):
             status = self.run_status(m)
             out[k]["run"] = [{
                 "status": status, "selected_epoch": m.best_epoch, "selected_step": m.best_step,
                 "epochs_run": m.rounds_run,
             }]
+        return out
+
+    def split_rows(self, name: str, split: Split, members: Sequence[int]) -> dict[int, dict[str, Rows]]:
+        """The ``evals`` rows (and, for a test split with ``train.predictions``, the
+        ``predictions`` rows) of ``members`` on ``split`` with the model's parameters as they
+        are now (one evaluation of the whole bundle; the model's rows must be the members,
+        as in a fresh bundle or after :meth:`_restore_all_members`). What :meth:`finalize`
+        commits per split, and what ``study eval`` commits for kept weights."""
+        assert len(self.slots) == len(self.members), "a compacted bundle: restore it first"
+        want_preds = self.train_cfg.predictions and split.role == "test"
+        ev = self.evaluate(split, predictions=want_preds)
+        out: dict[int, dict[str, Rows]] = {}
+        for k in members:
+            m = self.members[k]
+            rows: dict[str, Rows] = {"evals": [], "predictions": []}
+            rows["evals"].extend(
+                {"seed": m.seeds.index, "split": name, "role": split.role, "metric": met, "value": v}
+                for met, v in ev.means[k].items()
+            )
+            if want_preds:
+                correct = ev.per_example[k][self.task.primary_metric] > 0.5
+                for i in range(len(split)):
+                    inp, tgt = self.task.render_example(self.data, split, i)
+                    rows["predictions"].append({
+                        "seed": m.seeds.index, "split": name,
+                        "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
+                        "prediction": self.task.render(split, ev.predictions[k][i], i),
+                        "correct": bool(correct[i]),
+                    })
+            out[k] = rows
         return out
 
     # ----------------------------------------------------------------- checkpoints

@@ -8,7 +8,15 @@ Layout under a results folder OUT (hive-partitioned by study)::
 * ``metrics``, ``evals``, ``predictions``: one file per (trial, seed), named
   ``<trial_id>-<seed>``; a re-run of the same (trial, seed) replaces it.
 * ``runs``: one file per (trial, seed), written LAST: it is the commit marker. Readers
-  (``analysis.db``) show a (trial, seed)'s rows only once its runs row exists.
+  (``analysis.db``) show a (trial, seed)'s rows only once its runs row exists. Its
+  ``weights`` column names the seed's kept weights (``OUT/<NAME>/weights/...``, written
+  before the runs row, :mod:`trainables.weights`), NULL when none were kept.
+* ``evaluations``: a later evaluation of kept weights on one split (``study eval``) is its
+  own committed unit: ``evals`` and ``predictions`` files named
+  ``eval-<split>-<trial_id>-<seed>`` (their rows carry that ``eval_id``), then its
+  ``evaluations`` row of the same name LAST (:func:`commit_evaluation`). Readers show an
+  evaluation's rows only once that row exists, and then in place of the (trial, seed)'s
+  training-time rows of that split.
 
 Every file is written to a temporary name in the same folder and renamed into place,
 so a crash never leaves a half-written Parquet file under a final name.
@@ -16,9 +24,11 @@ so a crash never leaves a half-written Parquet file under a final name.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +55,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("node", pa.string()),
             ("wall_s", pa.float64()),
             ("committed_at", TS),
+            ("weights", pa.string()),  # kept weights, relative to OUT (NULL: none kept)
         ]
     ),
     "metrics": pa.schema(
@@ -69,6 +80,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("role", pa.string()),
             ("metric", pa.string()),
             ("value", pa.float64()),
+            ("eval_id", pa.string()),  # NULL: written by training; else its evaluations row
         ]
     ),
     "predictions": pa.schema(
@@ -82,10 +94,28 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("target", pa.string()),
             ("prediction", pa.string()),
             ("correct", pa.bool_()),
+            ("eval_id", pa.string()),
+        ]
+    ),
+    "evaluations": pa.schema(
+        [
+            ("study", pa.string()),
+            ("trial_id", pa.string()),
+            ("seed", pa.int64()),
+            ("split", pa.string()),
+            ("role", pa.string()),
+            ("eval_id", pa.string()),
+            ("data_hash", pa.string()),
+            ("n_examples", pa.int64()),
+            ("weights", pa.string()),
+            ("device", pa.string()),
+            ("hostname", pa.string()),
+            ("wall_s", pa.float64()),
+            ("evaluated_at", TS),
         ]
     ),
 }
-TABLES = ("trials", "runs", "metrics", "evals", "predictions")
+TABLES = ("trials", "runs", "metrics", "evals", "predictions", "evaluations")
 
 
 def table_dir(out: Path, table: str, study: str) -> Path:
@@ -133,12 +163,70 @@ def commit_seed(
     seed: int,
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
     run_row: Mapping[str, Any],
+    keep: Callable[[], None] | None = None,
 ) -> None:
-    """Write one (trial, seed)'s rows, then its runs row last (the commit marker)."""
+    """Write one (trial, seed)'s rows, then ``keep()`` (writes its kept weights, which the
+    runs row names), then its runs row last (the commit marker)."""
     stem = f"{trial_id}-{seed}"
     for name in ("metrics", "evals", "predictions"):
         write_rows(out, study, name, stem, tables.get(name, []))
+    if keep is not None:
+        keep()
     write_rows(out, study, "runs", stem, [run_row])
+
+
+SAFE_SPLIT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def eval_id(split: str, trial_id: str, seed: int) -> str:
+    """The file stem (and ``eval_id``) of an evaluation of one (trial, seed) on ``split``:
+    ``eval-<split>-<trial_id>-<seed>``; a split name unfit for a file name is replaced by
+    ``h`` + a hash of it."""
+    name = split if SAFE_SPLIT.fullmatch(split) else "h" + hashlib.sha256(split.encode()).hexdigest()[:16]
+    return f"eval-{name}-{trial_id}-{seed}"
+
+
+def commit_evaluation(
+    out: Path, study: str, tables: Mapping[str, Sequence[Mapping[str, Any]]], marker: Mapping[str, Any]
+) -> None:
+    """Commit one evaluation (of a (trial, seed) on one split): its previous marker is
+    removed first (its rows fall back to what they were until this one commits), then its
+    ``evals`` and ``predictions`` files are written, then its ``evaluations`` row last."""
+    stem = str(marker["eval_id"])
+    old = table_dir(out, "evaluations", study) / f"{stem}.parquet"
+    if old.exists():
+        old.unlink()
+        _fsync_dir(old.parent)
+    for name in ("evals", "predictions"):
+        write_rows(out, study, name, stem, [{**r, "eval_id": stem} for r in tables.get(name, [])])
+    write_rows(out, study, "evaluations", stem, [marker])
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename or unlink in ``folder`` durable (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_rows(out: Path, study: str, table: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row of ``table`` in ``study``'s files (committed or not), only ``columns``; a
+    column a file lacks (written before it existed) reads as None."""
+    folder = table_dir(out, table, study)
+    rows: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
+        t = pq.read_table(path)
+        have = [c for c in columns if c in t.column_names]
+        for r in t.select(have).to_pylist():
+            rows.append({c: r.get(c) for c in columns})
+    return rows
 
 
 def committed(out: Path, study: str) -> set[tuple[str, int]]:

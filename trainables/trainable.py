@@ -5,7 +5,8 @@ One Tune trial = one *unit*: a resolved config (``trial_id``) x a bundle of seed
 ``execution.report_every_s`` seconds (so tiny step-based tasks don't pay Tune's per-result
 cost every optimizer step) and returns a small progress dict. When the bundle is done it
 evaluates every member at its selected epoch and commits each seed's rows to Parquet
-(``trainables.results``): metrics, evals, predictions, then the runs row last.
+(``trainables.results``): metrics, evals, predictions, its kept weights
+(``trainables.weights``, unless ``execution.keep_weights`` is false), then the runs row last.
 
 Actors are reused across trials (``reset_config``), and datasets are cached per actor
 keyed by (task config, data seed), so a 50-seed study builds its data once per worker.
@@ -15,6 +16,7 @@ Checkpoints hold the whole bundle state, so a retried trial resumes where it sto
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -35,7 +37,9 @@ from trainables.runtime import configure_worker
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task
-from trainables.tuning_unit import aggregate, objective_stats, unit_from_template
+from trainables.trackers import BundleTrackers
+from trainables.tuning_unit import aggregate, objective_curve, objective_stats, unit_from_template
+from trainables.weights import hashes_of_test_splits, save_weights, weights_meta, weights_relpath
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,6 +62,7 @@ class FinelineTrainable(tune.Trainable):
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
+        self.cleanup()  # a reused actor: the previous unit's tracker runs end (e.g. ASHA stopped it)
         if "template" in config:  # a tuning candidate: params sampled by Optuna
             params = {k: config[k] for k in config["template"]["space_keys"]}
             self.unit = unit_from_template(config["template"], params)
@@ -75,6 +80,10 @@ class FinelineTrainable(tune.Trainable):
         self.started_at = dt.datetime.now(dt.UTC)
         self.committed = False
         self._final: dict[str, float] = {}
+        self.trackers = BundleTrackers.from_unit(self.unit)
+        """The seeds' experiment-tracker runs (``execution.loggers``; None: none asked for)."""
+        self._curve_at = [0] * len(seeds)
+        """Rows of each member's metrics already in an ``objective_curve`` result."""
 
     def _data(self, data_seed: int) -> tuple[Task, TaskData]:
         key = (str(self.unit["spec"]["task"]), data_seed)
@@ -103,11 +112,16 @@ class FinelineTrainable(tune.Trainable):
         info: dict[str, Any] = {}
         while not self.run.done and (time.perf_counter() - t0) < self.round_budget_s:
             info = self.run.train_round()
+        if self.trackers is not None:
+            self.trackers.update([m.metrics for m in self.run.members])
         at = f"step {self.run.step}" if self.run.step_based else f"epoch {self.run.epoch}"
         result = {"epoch": self.run.epoch, "opt_step": self.run.step, "at": at, **info, **self._selection()}
         if self.objective is not None:
             result["objective"] = self._epoch_objective()
+            result["objective_curve"] = self._objective_curve()
         if self.run.done:
+            if self.trackers is not None:
+                self.trackers.close()  # every tracker run flushed before its seed commits
             final = self._commit()
             if self.objective is not None:
                 result.update(final)
@@ -148,6 +162,17 @@ class FinelineTrainable(tune.Trainable):
             )
         return aggregate([v[metric] for v in values], obj.get("aggregate", "mean"))
 
+    def _objective_curve(self) -> list[list[float]]:
+        """The candidate's per-epoch objective since the last result, ``[epoch or step, value]``
+        pairs (Optuna's intermediate values: its learning curve in optuna-dashboard). After a
+        restore from a checkpoint the whole curve is sent again (the searcher skips known steps)."""
+        obj, members = self.objective or {}, self.run.members
+        if any(len(m.metrics) < at for m, at in zip(members, self._curve_at, strict=True)):
+            self._curve_at = [0] * len(members)
+        new = [m.metrics[at:] for m, at in zip(members, self._curve_at, strict=True)]
+        self._curve_at = [len(m.metrics) for m in members]
+        return objective_curve(new, obj.get("split", ""), obj.get("metric", ""), obj.get("aggregate", "mean"))
+
     def _final_objective(self, member_rows: list[dict[str, Any]]) -> dict[str, float]:
         """Objective and spread over every seed, at each seed's selected epoch."""
         obj = self.objective or {}
@@ -184,19 +209,27 @@ class FinelineTrainable(tune.Trainable):
             "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
             **u.get("flat", {}), **self._final,
         }])
-        for seedset, rows in zip(u["seeds"], member_rows, strict=True):
+        keep = bool(u.get("keep_weights", False))
+        hashes = hashes_of_test_splits(run.data) if keep else {}
+        for k, (seedset, rows) in enumerate(zip(u["seeds"], member_rows, strict=True)):
             keyed = {
                 name: [{"study": study, "trial_id": trial_id, **r} for r in rows[name]]
                 for name in ("metrics", "evals", "predictions")
             }
+            best = run.members[k].best_params
+            kept = weights_relpath(study, trial_id, seedset["index"]) if keep and best is not None else None
             run_row = {
                 "study": study, "trial_id": trial_id, "unit_id": u["unit_id"],
                 "seed": seedset["index"], "init_seed": seedset["init_seed"],
                 "order_seed": seedset["order_seed"], "dropout_seed": seedset["dropout_seed"],
                 "data_seed": seedset["data_seed"], **rows["run"][0], "node": node,
-                "wall_s": run.wall_s, "committed_at": dt.datetime.now(dt.UTC),
+                "wall_s": run.wall_s, "committed_at": dt.datetime.now(dt.UTC), "weights": kept,
             }
-            commit_seed(out, study, trial_id, seedset["index"], keyed, run_row)
+            save = None
+            if kept is not None and best is not None:
+                meta = weights_meta(u, k, rows["run"][0], hashes)
+                save = functools.partial(save_weights, out / kept, best, meta)
+            commit_seed(out, study, trial_id, seedset["index"], keyed, run_row, keep=save)
         self.committed = True
         return self._final
 
@@ -215,6 +248,12 @@ class FinelineTrainable(tune.Trainable):
             file=sys.stderr,
             flush=True,
         )
+
+    def cleanup(self) -> None:
+        """Tune stops the trial (or reuses the actor): its open tracker runs are closed."""
+        trackers = getattr(self, "trackers", None)
+        if trackers is not None:
+            trackers.close()
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start(new_config)

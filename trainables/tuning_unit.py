@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,23 @@ def aggregate(values: Sequence[float], how: str) -> float:
         lo, hi = int(np.floor(n * 0.25)), int(np.ceil(n * 0.75))
         return float(v[lo:hi].mean()) if hi > lo else float(v.mean())
     return float(v.mean())
+
+
+def objective_curve(
+    rows: Sequence[Sequence[Mapping[str, Any]]], split: str, metric: str, how: str
+) -> list[list[float]]:
+    """A candidate's learning curve from its members' ``metrics`` rows (``rows[k]``: member
+    k's new rows): ``[x, value]`` per evaluation point in order, ``x`` the epoch (the
+    optimizer step for step-based training) and ``value`` the ``how`` aggregate of
+    ``split``/``metric`` over the members evaluated there (the running ones), as Optuna
+    gets it for intermediate values."""
+    by_x: dict[int, list[float]] = {}
+    for member in rows:
+        for r in member:
+            if r["split"] == split and r["metric"] == metric:
+                x = r["epoch"] if r["epoch"] is not None else r["step"]
+                by_x.setdefault(int(x), []).append(float(r["value"]))
+    return [[x, aggregate(v, how)] for x, v in sorted(by_x.items())]
 
 
 def objective_stats(values: Sequence[float], how: str) -> dict[str, float]:

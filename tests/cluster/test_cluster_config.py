@@ -77,13 +77,26 @@ def test_ports_and_dashboard_are_deliberate(raw: dict[str, Any]) -> None:
     assert "--port=6379" in head_args and "--address=$RAY_HEAD_IP:6379" in worker
     for flag in ("--object-manager-port=8076", "--node-manager-port=8077", "--disable-usage-stats"):
         assert flag in head and flag in worker, flag
-    # no Ray port opened to the internet: no extra inbound rules beyond SSH + intra-cluster
-    assert raw["provider"]["security_group"]["IpPermissions"] == []
+    # nothing opened to the internet: the launcher's own group (SSH from 0.0.0.0/0) is not
+    # used; every node type names the user's group (SSH from their CIDR + intra-group)
+    assert "security_group" not in raw["provider"]
+    for node_type in raw["available_node_types"].values():
+        assert node_type["node_config"]["SecurityGroupIds"] == ["sg-XXXXXXXX"]
+    assert "0.0.0.0/0" not in CLUSTER.read_text()
+    section = DOCS.read_text().split("## Security group")[1].split("\n## ")[0]
+    assert "--cidr" in section and "0.0.0.0/0" not in section
+
+
+def test_no_unpinned_downloads_into_a_shell(raw: dict[str, Any]) -> None:
+    text = "\n".join(raw["setup_commands"])
+    assert not re.search(r"(curl|wget)[^\n|]*\|\s*(ba)?sh", text), "no `curl | sh`"
+    assert "uv==" in text and re.search(r"git checkout -q [0-9a-f]{40}", text)
 
 
 def test_shared_results_storage_on_every_node(raw: dict[str, Any]) -> None:
-    mount = [c for c in raw["setup_commands"] if "mount -t nfs4" in c]
+    mount = [c for c in raw["setup_commands"] if "mount -t efs" in c]
     assert len(mount) == 1 and MOUNT in mount[0]
+    assert "-o tls" in mount[0], "EFS is mounted with TLS (encryption in transit)"
     assert "test -w /mnt/fineline" in mount[0], "a node without a writable mount must fail setup"
     docs = DOCS.read_text()
     assert f"--out {MOUNT}/results" in docs and "fs-XXXXXXXX" in docs

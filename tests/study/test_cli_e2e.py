@@ -134,3 +134,19 @@ def test_report_and_analyze_of_a_real_study_render(finished: tuple[Path, Path], 
         page.screenshot(path=str(tmp_path / "tiny-report.png"), full_page=True)
     finally:
         page.close()
+
+
+def test_resume_keeps_each_grid_points_own_seed_count(tmp_path: Path) -> None:
+    """A grid whose points ask for different seed counts: `study resume` plans each point's
+    own count (not the largest one for every point)."""
+    grid = {**TINY, "name": "percount", "train": {**TINY["train"], "max_epochs": 1},
+            "seeds": {"count": 1, "root": 5},
+            "grid": {"model.hidden_size": {6: {"seeds.count": 1}, 8: {"seeds.count": 2}}}}
+    cfg = tmp_path / "percount.yaml"
+    cfg.write_text(yaml.safe_dump(grid))
+    out = tmp_path / "results"
+    study("run", str(cfg), "--out", str(out), "--num-cpus", "2")
+    res = study("resume", "percount", "--out", str(out), "--num-cpus", "2")
+    assert "3/3 runs committed" in res.stdout, res.stdout + res.stderr
+    counts = sql(out, "SELECT count(*) AS n FROM runs WHERE study = 'percount'")
+    assert counts == [{"n": 3}]

@@ -20,20 +20,22 @@ from trainables.spec import RunSpec
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 PINNED = {
-    "elnaggar2022": ["e2f5446d7432d06b", "20f997f61e6cdf3b", "47ec40933f8f2d57"],
+    "elnaggar2022": ["ec9167e0cadc81c1", "23ef44bd82af7d97", "b456e27be9234682"],  # e2f5446d..., 20f997f6..., 47ec4093... before Suzgun's very-long sampler
     "li2021_mnist": ["7d4861def970fb0d", "6619ecb7a69f6e16"],  # 13cda084..., b45cdede... before init: keras
-    "li2021_scan": ["59f558470f19f389", "f2348b3a57c5b112"],
-    "li2021_toy": ["13e03d858b7a2505"],
+    "li2021_scan": ["513686de5fc65eca", "8e6f2631f1538948"],  # 59f55847..., f2348b3a... before init: tf, 8-dim targets
+    "li2021_toy": ["d7d4864107d7926f"],  # 13e03d858b7a2505 before Playground's training
     "quickstart": ["b38ef157b3f8acb0"],  # bef8b71cc8cc0099 before the end symbol
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
     "weber2018": ["769e99719d5418a3"],  # f5fc75ecee43564a before the fidelity fixes
     "weber2018_tune": ["769e99719d5418a3"],
 }
-"""Every point's trial_id, computed by fineline before the plugins change (d547e14). Five
+"""Every point's trial_id, computed by fineline before the plugins change (d547e14). Eight
 moved on purpose, since they now compute something else (issue 24: the end symbol in
 weber2018 and the quickstart, the arming level in weber2018, the paper's loss scale and step
-budget in sutskever2014, Keras's init in li2021_mnist); the comments keep their earlier ids. Every other change must keep them."""
+budget in sutskever2014, Keras's init in li2021_mnist, TF's init and the 8-dim target
+embedding in li2021_scan, Suzgun et al.'s very-long sampler in elnaggar2022, TensorFlow
+Playground's training in li2021_toy); the comments keep their earlier ids. Every other change must keep them."""
 
 
 def test_every_shipped_study_file_is_pinned() -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import collections
+import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from trainables.data import SeqTags, Split
 from trainables.errors import ConfigError, DataError
@@ -15,6 +19,7 @@ from trainables.tasks.dyck import (
     Dyck1,
     Dyck1Config,
     LengthConditionedSampler,
+    SuzgunLengthSampler,
     SuzgunSampler,
     _Uniforms,
     decode,
@@ -22,6 +27,8 @@ from trainables.tasks.dyck import (
     is_dyck,
     length_probs,
     sample_exact_unique,
+    suzgun_length_table,
+    trivial_failure,
     zigzag_j,
 )
 
@@ -187,6 +194,117 @@ def test_conditioned_sampler_gives_exact_length_1000() -> None:
     assert all(len(s) == 1000 and balanced(s) and is_dyck(s) for s in out)
 
 
+def max_depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        depth += 1 if ch == "(" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def first_return(s: str) -> int:
+    """0-based index where the depth first comes back to 0 (the trivial predictor's FPF)."""
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += 1 if ch == "(" else -1
+        if depth == 0:
+            return i
+    raise ValueError(s)
+
+
+def kept_at(length: int, n: int, seed: int) -> tuple[list[str], int]:
+    """Suzgun et al.'s own way: plain draws (abandon limit ``length``) kept at exactly
+    ``length`` (their generate_list(n, length, length) without the uniqueness); and the
+    number of draws it took."""
+    sampler = SuzgunSampler(np.random.default_rng(seed), length, 0.5, 0.25)
+    kept: list[str] = []
+    draws = 0
+    while len(kept) < n:
+        s = sampler.sample()
+        draws += 1
+        if len(s) == length:
+            kept.append(s)
+    return kept, draws
+
+
+def two_sample_p(a: Sequence[object], b: Sequence[object]) -> float:
+    """Chi-square test that two samples of categories come from one distribution (categories
+    seen fewer than 20 times in both together are pooled into one)."""
+    ca, cb = collections.Counter(a), collections.Counter(b)
+    common = sorted((c for c in ca | cb if ca[c] + cb[c] >= 20), key=str)
+    table = [[x[c] for c in common] + [sum(x.values()) - sum(x[c] for c in common)] for x in (ca, cb)]
+    table = [row for row in zip(*table, strict=True) if sum(row) > 0]  # drop an empty pool
+    return float(stats.chi2_contingency(np.array(table).T).pvalue)
+
+
+@pytest.fixture(scope="module")
+def kept_20() -> tuple[list[str], int]:
+    return kept_at(20, 3000, 11)
+
+
+def test_suzgun_length_table_by_hand() -> None:
+    # max_len 2: '()' from ( S ) (the inner S is at the depth cap) or from '()' + '';
+    # '' from the empty rule, '' + '', or '()' + '()' (length 4, abandoned):
+    # z = r + q (z^2 + (1 - z)^2), i.e. 2q z^2 - (1 + 2q) z + r + q = 0
+    for p, q in ((0.5, 0.25), (0.3, 0.4)):
+        r = 1 - p - q
+        z = ((1 + 2 * q) - math.sqrt((1 + 2 * q) ** 2 - 8 * q * (r + q))) / (4 * q)
+        table = suzgun_length_table(2, p, q)
+        assert table.tolist() == [pytest.approx([z, 1 - z], abs=1e-12), [1.0, 0.0]]
+    assert suzgun_length_table(2, 0.5, 0.25)[0, 0] == pytest.approx((3 - math.sqrt(5)) / 2, abs=1e-12)
+    table = suzgun_length_table(200, 0.5, 0.25)
+    assert table.shape == (101, 101) and np.allclose(table.sum(1), 1, atol=1e-10)
+    assert (table >= 0).all() and not table.flags.writeable
+
+
+def test_suzgun_length_sampler_agrees_with_rejection_from_the_plain_sampler(
+    kept_20: tuple[list[str], int],
+) -> None:
+    kept, draws = kept_20
+    p20 = suzgun_length_table(20, 0.5, 0.25)[0, 10]  # P(a plain draw has length 20)
+    assert abs(len(kept) / draws - p20) < 4 * math.sqrt(p20 * (1 - p20) / draws)
+    u = _Uniforms(np.random.default_rng(12))
+    sampler = SuzgunLengthSampler(20, 0.5, 0.25)
+    drawn = [sampler.sample(u, 20) for _ in range(3000)]
+    assert all(len(s) == 20 and balanced(s) for s in drawn)
+    assert two_sample_p([max_depth(s) for s in drawn], [max_depth(s) for s in kept]) > 0.01
+    assert two_sample_p([first_return(s) for s in drawn], [first_return(s) for s in kept]) > 0.01
+    # whole strings, where there are few enough of them (42 of length 10; 70% are the
+    # fully nested one, which the depth cap at 5 favours)
+    kept10, _ = kept_at(10, 6000, 13)
+    drawn10 = [SuzgunLengthSampler(10, 0.5, 0.25).sample(u, 10) for _ in range(6000)]
+    both = set(drawn10) | set(kept10)
+    assert len(both) <= dyck_count(10) == 42 and all(len(s) == 10 and balanced(s) for s in both)
+    assert two_sample_p(drawn10, kept10) > 0.01
+
+
+def test_the_length_conditioned_grammar_draws_other_depths(kept_20: tuple[list[str], int]) -> None:
+    """The check above has the power to tell the two samplers apart: the grammar conditioned
+    on the length ignores the abandoned branches and the depth cap."""
+    kept, _ = kept_20
+    u = _Uniforms(np.random.default_rng(14))
+    conditioned = [LengthConditionedSampler(20, 0.5, 0.25).sample(u, 20) for _ in range(3000)]
+    assert two_sample_p([max_depth(s) for s in conditioned], [max_depth(s) for s in kept]) < 1e-6
+
+
+def test_very_long_split_from_suzguns_sampler() -> None:
+    cfg = Dyck1Config(**SMALL, very_long_sampler="suzgun_rejection")
+    a, b = (Dyck1(cfg).build(seed).splits["very_long"].data for seed in (7, 7))
+    conditioned = Dyck1(Dyck1Config(**SMALL)).build(7).splits
+    strings_a = strings(a)
+    assert strings_a == strings(b) and len(set(strings_a)) == 5
+    assert all(len(s) == 1000 and balanced(s) and is_dyck(s) for s in strings_a)
+    for s, y in zip(strings_a, a.y, strict=True):
+        assert y[:, 1].astype(int).tolist() == depth_bits(s)
+    assert strings_a != strings(conditioned["very_long"].data)
+    # the other splits do not move
+    other = Dyck1(cfg).build(7).splits
+    assert all(strings(other[n].data) == strings(conditioned[n].data) for n in ("train", "val", "long"))
+    assert "very_long_sampler" not in Dyck1Config().identity()  # old trial_ids stand
+    out = sample_exact_unique(np.random.default_rng(3), 5, 200, 0.5, 0.25, "suzgun_rejection")
+    assert len(set(out)) == 5 and all(len(s) == 200 and is_dyck(s) for s in out)
+
+
 def test_zigzag_construction(small: tuple[Dyck1, dict[str, Split]]) -> None:
     _, splits = small
     data = splits["zigzag"].data
@@ -299,14 +417,41 @@ def test_config_errors_name_the_field(override: dict[str, object], field: str) -
     assert err.value.field == field
 
 
-def test_analysis_declares_regressions_and_histogram() -> None:
-    spec = Dyck1(Dyck1Config()).analysis()
-    overs = {r["over"] for r in spec["regressions"]}
-    assert overs == {"runs", "checkpoints"}
-    for r in spec["regressions"]:
-        assert r["x"] == {"split": "val", "metric": "loss", "transform": "neglog"}
-        assert r["y"] == {"split": "very_long", "metric": "fpf"}
-    assert spec["histograms"] == [{"split": "very_long", "metric": "fpf"}]
+def test_trivial_predictor_fpf_by_hand() -> None:
+    task = Dyck1(Dyck1Config(**SMALL))
+    # "depth > 0" everywhere fails at the first return to depth 0
+    split = tags("(())", "()()", "(()())", "((()))()")
+    assert trivial_failure(split.data.y).tolist() == [3, 1, 5, 5]
+    ones = [np.ones((len(x), 2)) for x in split.data.x]
+    out = task.score(split, ones)  # the trivial predictor itself, scored as a model
+    assert out["fpf"].tolist() == out["fpf_trivial"].tolist() == [3, 1, 5, 5]
+    assert out["correct"].tolist() == [0, 0, 0, 0]
+    perfect = [y.copy() for y in split.data.y]
+    assert task.score(split, perfect)["fpf_trivial"].tolist() == [3, 1, 5, 5]  # not the run's
+    assert task.score(tags("()()"), [perfect[1]])["fpf_trivial"].tolist() == [1]  # new data, same name
+    assert set(out) <= set(Dyck1.metrics)
+
+
+def test_analysis_declares_the_papers_aggregates() -> None:
+    from analysis.aggregates import BestK, CheckpointRegression, parse_aggregates
+    from analysis.manifest import Axis, parse_declarations
+
+    spec = json.loads(json.dumps(Dyck1(Dyck1Config()).analysis()))  # pure data
+    very_long_fpf = {"split": "very_long", "metric": "fpf"}
+    assert spec["regressions"] == [
+        {"x": {"split": "val", "metric": "loss", "transform": "neglog"}, "y": very_long_fpf, "over": "runs"}
+    ]
+    assert spec["histograms"] == [very_long_fpf]
+    decl = parse_declarations(spec)
+    assert not decl.unknown
+    best, reg, base = parse_aggregates(decl.aggregates)
+    assert isinstance(best, BestK) and (best.subset.k, best.subset.by, best.subset.mode) == (10, Axis("val", "loss"), "min")
+    assert Axis("very_long", "fpf") in best.of
+    assert isinstance(reg, CheckpointRegression) and reg.y == Axis("very_long", "fpf")
+    assert [x.split for x in reg.xs] == ["train", "val", "long"] and {x.transform for x in reg.xs} == {"neglog"}
+    assert reg.runs == best.subset
+    assert (base.metric, base.baseline) == ("fpf", "fpf_trivial")  # type: ignore[attr-defined]
+    assert "fpf_trivial" in spec["metric_definitions"] and "fpf_trivial" in Dyck1.metrics
 
 
 def test_default_build_has_paper_sizes_and_meta() -> None:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import yaml
+from scipy import stats
 
+from study.config import parse
 from trainables.errors import ConfigError
+from trainables.loop import BundleRun
+from trainables.models.classify import ClassifyBatch, classify_losses
+from trainables.models.mlp import MLP, MLPConfig
 from trainables.registry import TASKS
+from trainables.seeding import derive_seedset, torch_generator
 from trainables.tasks.toy2d import Toy2D, Toy2DConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _factors(x: np.ndarray) -> np.ndarray:
@@ -111,3 +123,126 @@ def test_bad_config():
         Toy2DConfig(grid=(1.0, -1.0, 41))
     with pytest.raises(ConfigError, match=r"task\.n_eval"):
         Toy2DConfig(n_eval=0)
+
+
+# --- TensorFlow Playground's training (Li et al.'s appendix): model options and the config ---
+
+
+def _playground_mlp(hidden: tuple[int, ...], k: int, seeds: tuple[int, ...] = ()) -> MLP:
+    cfg = MLPConfig(
+        hidden=hidden, activation="tanh", output_activation="tanh", init="playground", loss="square"
+    )
+    model = MLP(cfg, {"input_shape": (2,), "n_classes": 2}, k)
+    for member, seed in enumerate(seeds):
+        model.init_member(member, torch_generator(seed))
+    return model
+
+
+def test_square_loss_on_the_tanh_output_matches_playground_by_hand() -> None:
+    """A linear tanh unit, two examples: loss, gradient and one SGD step worked by hand with
+    Playground's rules (nn.ts: dE/do = o - t, times 1 - o^2; the update divides the summed
+    derivatives by their count)."""
+    model = _playground_mlp((), 1)
+    w, b = [0.5, -0.25], 0.1
+    with torch.no_grad():
+        model.weights[0][0] = torch.tensor([w])
+        model.biases[0][0] = torch.tensor([b])
+    x = [[1.0, 2.0], [-0.5, 0.3]]
+    y = [1, 0]  # Playground targets +1, -1
+    batch = ClassifyBatch(x=torch.tensor([x]), y=torch.tensor([y]))
+    loss = model.loss(batch, None, "mean")
+    grads = torch.autograd.grad(loss.sum(), [model.weights[0], model.biases[0]])
+    want_loss, want_gw, want_gb = 0.0, [0.0, 0.0], 0.0
+    for xi, yi in zip(x, y, strict=True):
+        o = math.tanh(w[0] * xi[0] + w[1] * xi[1] + b)
+        t = 2 * yi - 1
+        want_loss += 0.5 * (o - t) ** 2 / 2
+        d = (o - t) * (1 - o * o) / 2  # dE/d(total input), averaged over the batch of 2
+        want_gw = [want_gw[0] + d * xi[0], want_gw[1] + d * xi[1]]
+        want_gb += d
+    assert float(loss[0].detach()) == pytest.approx(want_loss, rel=1e-6)
+    assert grads[0][0, 0].tolist() == pytest.approx(want_gw, rel=1e-5)
+    assert float(grads[1][0, 0]) == pytest.approx(want_gb, rel=1e-5)
+    # the per-example loss the trainer reports, and the probabilities: (1 + o) / 2
+    o = [math.tanh(w[0] * xi[0] + w[1] * xi[1] + b) for xi in x]
+    with torch.no_grad():
+        per_example = model.example_losses(batch)[0].tolist()
+        probs = model.predict(batch)[0]
+    assert per_example == pytest.approx([0.5 * (o[0] - 1) ** 2, 0.5 * (o[1] + 1) ** 2], rel=1e-6)
+    assert [float(p[1]) for p in probs] == pytest.approx([(1 + v) / 2 for v in o], rel=1e-6)
+    assert [int(np.argmax(p)) for p in probs] == [int(v > 0) for v in o]
+
+
+def test_square_loss_is_mean_square_error_of_p1_minus_p0_on_any_binary_logits() -> None:
+    logits = torch.tensor([[[0.3, -1.2], [2.0, 2.5]]])  # (1, 2, 2)
+    y = torch.tensor([[0, 1]])
+    p = torch.softmax(logits, -1)[0]
+    o = (p[:, 1] - p[:, 0]).tolist()
+    got = classify_losses(logits, y, "square")[0].tolist()
+    assert got == pytest.approx([0.5 * (o[0] + 1) ** 2, 0.5 * (o[1] - 1) ** 2], rel=1e-6)
+    with pytest.raises(ConfigError, match=r"model\.loss"):
+        classify_losses(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), "square")
+
+
+def test_tanh_output_and_hidden_activation() -> None:
+    model = _playground_mlp((3,), 1, (5,))
+    assert [tuple(w.shape) for w in model.weights] == [(1, 3, 2), (1, 1, 3)]
+    x = torch.tensor([[[0.2, -0.7], [0.9, 0.1]]])
+    (w1, w2), (b1, b2) = ([p[0].detach() for p in ps] for ps in (model.weights, model.biases))
+    a = torch.tanh(x[0] @ w1.T + b1) @ w2.T + b2  # (2, 1): Playground's forwardProp
+    logits = model(ClassifyBatch(x=x, y=torch.zeros(1, 2, dtype=torch.long)))
+    assert torch.allclose(logits[0], torch.cat([-a, a], dim=1), atol=1e-6)
+    with pytest.raises(ConfigError, match=r"model\.output_activation"):
+        MLP(MLPConfig(output_activation="tanh"), {"input_shape": (2,), "n_classes": 3}, 1)
+
+
+def test_playground_init_per_member_and_independent_across_members() -> None:
+    model = _playground_mlp((64, 64), 3, (1, 2, 1))
+    w = model.weights[1].detach()  # (3, 64, 64)
+    for member in range(3):
+        v = w[member].flatten().numpy()
+        assert v.min() >= -0.5 and v.max() < 0.5  # Math.random() - 0.5
+        assert abs(v.mean()) < 0.02 and abs(v.var() - 1 / 12) < 0.006  # U(-0.5, 0.5)
+        assert stats.kstest(v + 0.5, "uniform").pvalue > 0.01
+    for b in model.biases:
+        assert (b.detach() == 0.1).all()  # Node.bias = 0.1, no draw
+    assert torch.equal(w[0], w[2])  # same init seed, same draws
+    r = np.corrcoef(w[0].flatten().numpy(), w[1].flatten().numpy())[0, 1]
+    assert abs(r) < 0.05  # seeds 1 and 2 draw independently
+
+
+def test_new_options_at_their_defaults_keep_the_identity() -> None:
+    assert set(MLPConfig().identity()) == {"hidden", "init", "loss"}
+    assert "fresh_samples" not in Toy2DConfig().identity()
+    assert Toy2DConfig(fresh_samples=False).identity()["fresh_samples"] is False
+    assert Toy2D(Toy2DConfig(fresh_samples=False)).fresh_samples is False
+    assert Toy2D(Toy2DConfig()).fresh_samples is True and Toy2D.fresh_samples is True
+
+
+def test_the_paper_config_trains_on_its_fixed_points(torch_threads) -> None:
+    """configs/li2021_toy.yaml as shipped, cut to 4 epochs: SGD passes over the 250 fixed
+    points (25 updates of 10 per epoch), the tanh unit's squared error falls."""
+    raw = yaml.safe_load((CONFIGS / "li2021_toy.yaml").read_text())
+    spec = parse(raw).points[0].spec
+    train, model = spec.train, spec.model
+    assert (train.optimizer, train.lr, train.batch_size, train.max_epochs) == ("sgd", 0.1, 10, 1024)
+    assert (model.loss, model.output_activation, model.init) == ("square", "tanh", "playground")
+    raw["task"]["n_eval"] = 200
+    raw["train"]["max_epochs"] = 4
+    spec = parse(raw).points[0].spec
+    task = spec.make_task()
+    seeds = [derive_seedset(2021, i) for i in range(2)]
+    data = task.build(seeds[0].data_seed)
+    assert len(data.train) == 250
+    run = BundleRun(spec, seeds, task, data, "cpu")
+    while not run.done:
+        run.train_round()
+    assert (run.epoch, run.step) == (4, 100)
+    curves = run.finalize()
+    for member in curves:
+        rows = member["metrics"]
+        objective = [r["value"] for r in rows if (r["split"], r["metric"]) == ("train", "objective")]
+        assert len(objective) == 4 and objective[-1] < objective[0] < 0.5  # it falls
+        ev = {(r["split"], r["metric"]): r["value"] for r in member["evals"]}
+        assert ev["train_eval", "accuracy"] > 0.8
+        assert 0.0 <= ev["grid", "p_y1"] <= 1.0

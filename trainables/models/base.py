@@ -19,7 +19,7 @@ rules that make this true, which every model family follows:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -153,6 +153,31 @@ class Model(nn.Module, ABC):
         return {n: p.detach()[member].clone() for n, p in self.named_parameters()}
 
     def load_member_state(self, member: int, state: dict[str, torch.Tensor]) -> None:
+        """Row ``member`` := ``state`` (what :meth:`member_state` returned, any device)."""
         with torch.no_grad():
             for n, p in self.named_parameters():
                 p[member].copy_(state[n])
+
+    def load_member_states(self, states: Sequence[Mapping[str, torch.Tensor] | None]) -> None:
+        """Rebuild the bundle from saved members: row ``k`` := ``states[k]`` (a
+        :meth:`member_state` of any model of this config, e.g. kept weights loaded from disk);
+        None leaves row ``k`` as it is. Raises ValueError naming the first tensor whose name
+        or shape does not fit (the model's code or config changed since they were saved)."""
+        if len(states) != self.k:
+            raise ValueError(f"{len(states)} member states for a bundle of {self.k}")
+        want = {n: tuple(t.shape[1:]) for n, t in self.member_tensors().items()}
+        for k, state in enumerate(states):
+            if state is None:
+                continue
+            got = {n: tuple(t.shape) for n, t in state.items()}
+            for name in sorted(set(want) | set(got)):
+                if want.get(name) != got.get(name):
+                    raise ValueError(
+                        f"member {k}: tensor {name!r} is {got.get(name, 'missing')} in the saved "
+                        f"state but {want.get(name, 'absent')} in model {self.name!r}"
+                    )
+            self.load_member_state(k, dict(state))
+
+    def member_tensors(self) -> dict[str, torch.Tensor]:
+        """The stacked tensors :meth:`member_state` reads, by name (each ``(K, ...)``)."""
+        return dict(self.named_parameters())

@@ -30,8 +30,10 @@ from trainables.data import Arrays, SplitData
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 
-Init = Literal["torch", "keras"]
-LossName = Literal["cross_entropy", "hinge"]
+Init = Literal["torch", "keras", "playground"]
+LossName = Literal["cross_entropy", "hinge", "square"]
+Activation = Literal["relu", "tanh"]
+ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
 REDUCTIONS = ("mean", "sum")
 
 
@@ -76,10 +78,24 @@ def classify_losses(logits: torch.Tensor, y: torch.Tensor, loss: LossName) -> to
     ``categorical_hinge`` takes its max over ``(1 - onehot) * z``, i.e. also over a 0 in
     the true class's place; the two agree whenever some wrong-class logit is >= 0, and
     always on softmax outputs.)
+
+    ``square`` (binary tasks only) is TensorFlow Playground's ``Errors.SQUARE``,
+    ``0.5 (o - t)^2``, of the output ``o = tanh((z1 - z0) / 2)`` (= ``p1 - p0``, in (-1, 1);
+    exactly the tanh output unit of an MLP with ``output_activation: tanh``, whose logits
+    are ``(-a, a)``) against the target ``t = 2y - 1`` (Playground's -1/+1 labels).
     """
     if loss == "cross_entropy":
         k, b, c = logits.shape
         return F.cross_entropy(logits.reshape(k * b, c), y.reshape(-1), reduction="none").view(k, b)
+    if loss == "square":
+        if logits.shape[-1] != 2:
+            raise ConfigError(
+                "model.loss",
+                f"square needs a binary task (2 classes), this one has {logits.shape[-1]}",
+                "use cross_entropy or hinge",
+            )
+        out = torch.tanh((logits[..., 1] - logits[..., 0]) / 2)  # (K, B)
+        return 0.5 * (out - (2.0 * y - 1.0)) ** 2  # (K, B)
     true = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # (K, B)
     wrong = logits.masked_fill(F.one_hot(y, logits.shape[-1]).bool(), float("-inf"))
     return torch.clamp(1.0 + wrong.amax(-1) - true, min=0.0)  # (K, B)
@@ -114,13 +130,18 @@ def init_weight_bias(
 
     ``torch``: PyTorch's default for ``nn.Linear``/``nn.Conv2d`` (kaiming-uniform with
     a = sqrt(5), i.e. U(+-1/sqrt(fan_in)), and bias U(+-1/sqrt(fan_in))); ``keras``:
-    glorot-uniform (U(+-sqrt(6 / (fan_in + fan_out)))) and zero bias.
+    glorot-uniform (U(+-sqrt(6 / (fan_in + fan_out)))) and zero bias; ``playground``:
+    TensorFlow Playground's (src/nn.ts: ``Link.weight = Math.random() - 0.5``, ``Node.bias =
+    0.1``), every weight U(-0.5, 0.5) and every bias 0.1 (no draw).
     """
     with torch.no_grad():
         if scheme == "torch":
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
             bound = 1.0 / math.sqrt(weight[0].numel())
             bias.uniform_(-bound, bound, generator=generator)
+        elif scheme == "playground":
+            weight.uniform_(-0.5, 0.5, generator=generator)
+            bias.fill_(0.1)
         else:
             nn.init.xavier_uniform_(weight, generator=generator)
             bias.zero_()
@@ -136,16 +157,21 @@ def dense_stack(sizes: Sequence[int], k: int) -> tuple[nn.ParameterList, nn.Para
 
 
 def dense_forward(
-    h: torch.Tensor, weights: nn.ParameterList, biases: nn.ParameterList
+    h: torch.Tensor,
+    weights: nn.ParameterList,
+    biases: nn.ParameterList,
+    activation: Activation = "relu",
 ) -> torch.Tensor:
-    """Dense layers with ReLU between them (not after the last): (K|1, B, in) -> (K, B, out)."""
+    """Dense layers with ``activation`` between them (not after the last): (K|1, B, in) ->
+    (K, B, out)."""
     k = weights[0].shape[0]
     h = h.expand(k, -1, -1)
     last = len(weights) - 1
+    act = ACTIVATIONS[activation]
     for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
         h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))  # (K, B, out)
         if i < last:
-            h = torch.relu(h)
+            h = act(h)
     return h
 
 
@@ -163,9 +189,12 @@ class ClassifierConfig(FrozenConfig):
 
     init: Init = "torch"
     """"torch": PyTorch's default for nn.Linear / nn.Conv2d (kaiming-uniform a=sqrt(5), bias
-    U(+-1/sqrt(fan_in))); "keras": glorot-uniform weights and zero biases (Keras's default)."""
+    U(+-1/sqrt(fan_in))); "keras": glorot-uniform weights and zero biases (Keras's default);
+    "playground": TensorFlow Playground's, weights U(-0.5, 0.5) and biases 0.1."""
     loss: LossName = "cross_entropy"
-    """Training loss: "cross_entropy" or "hinge" (categorical hinge on the logits)."""
+    """Training loss: "cross_entropy", "hinge" (categorical hinge on the logits) or "square"
+    (binary tasks: TensorFlow Playground's 0.5 (o - t)^2 of the tanh output o = p1 - p0 against
+    t = -1/+1)."""
 
 
 class BundledClassifier(Model):

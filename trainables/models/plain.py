@@ -165,6 +165,10 @@ class PlainModel(Model):
             for n, t in [*self.named_parameters(), *self.named_buffers()]:
                 t[member].copy_(state[n])
 
+    def member_tensors(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers (both are in :meth:`member_state`)."""
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
     def _tensors(self) -> Tensors:
         """The skeleton's stacked parameters and buffers by their one-seed names."""
         return dict(self.net.named_parameters()) | dict(self.net.named_buffers())

@@ -151,7 +151,11 @@ class Task(ABC):
 
         Keys (all optional): ``regressions``: list of ``{x: {split, metric, transform},
         y: {split, metric}, over: "runs"|"checkpoints"}``; ``charts``: list of
-        ``{type: "histogram"|"scatter"|"curve", ...}``. Analysis reads this without
+        ``{type: "histogram"|"scatter"|"curve", ...}``; ``aggregates``: a paper's own
+        summaries, list of ``{kind: "best_k"|"checkpoint_regression"|"baseline", ...}``
+        (docs/analysis.md, "Declared aggregates"; a baseline computed from the data, such
+        as a trivial predictor's score, is a metric :meth:`score` returns, since this
+        declaration is written before any data is built). Analysis reads this without
         importing trainables.
         """
         return {}

@@ -23,16 +23,22 @@ Splits (``ids`` = row numbers within the split; with ``data_dir``, rows of the f
 Generators. ``train``/``val``/``long`` follow Suzgun et al.'s recursive sampler
 (:class:`SuzgunSampler`, run iteratively): a branch that makes the string longer than the
 maximum is abandoned (returns the empty string), and strings are drawn until the
-requested number of *unique* strings within the length range is reached. Rejection is
-hopeless for length 1000 (probability about 3e-5 per draw), so ``very_long`` samples from
-the grammar *conditioned on the length* (:class:`LengthConditionedSampler`): a dynamic
-programme over lengths gives the probability of every rule choice given the length to
-produce.
+requested number of *unique* strings within the length range is reached. For
+``very_long`` that rejection loop (Suzgun et al.'s ``generate_list(n, 1000, 1000)``) keeps
+about 1 draw in 12,000, so it is drawn without the loop, by one of two dynamic programmes
+(config ``very_long_sampler``): ``suzgun_rejection`` (:class:`SuzgunLengthSampler`) gives
+exactly the loop's distribution, abandoned branches and depth cap included;
+``conditioned`` (:class:`LengthConditionedSampler`, the default of configs that predate
+the option) conditions the grammar itself on the length.
 
 Metrics (per example; the trainer averages per split): outputs are thresholded at 0.5
 (``> 0.5`` is 1). ``correct`` = 1 iff every step's thresholded 2-vector equals the target;
 ``fpf`` (first point of failure) = the 0-based index of the first step whose thresholded
 2-vector differs from the target, or the length for a fully correct sequence.
+``fpf_trivial`` = the FPF of the trivial predictor that says "depth > 0" at every step
+(:func:`trivial_failure`) on the same example: a property of the split, not of the run,
+scored from the data the run saw, so analysis can draw it beside every FPF (a run at or
+below it did not learn to count).
 :meth:`Dyck1.render` gives ``fpf=<n>`` when it is told the example's index (the base
 interface passes none; then it renders the predicted depth bits).
 """
@@ -40,15 +46,16 @@ interface passes none; then it renders the predicted depth bits).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from trainables.configbase import FrozenConfig
+from trainables.configbase import FrozenConfig, added_field
 from trainables.data import Role, SeqTags, Split, TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
@@ -79,6 +86,7 @@ SIZE_FIELDS = {
     "very_long": "very_long_size",
 }
 _WRAP, _CONCAT = -1, -2
+VeryLongSampler = Literal["conditioned", "suzgun_rejection"]
 _BLOCK = 1 << 16
 
 
@@ -281,15 +289,119 @@ class LengthConditionedSampler:
         return "".join(out)
 
 
+@functools.lru_cache(maxsize=8)
+def suzgun_length_table(max_len: int, p: float, q: float) -> np.ndarray:
+    """``G[d, m]`` = probability that :class:`SuzgunSampler`'s ``gen(2d)`` returns a string of
+    length ``2m``, for ``d, m = 0..M`` (``M = max_len // 2``, ``max_len`` even); read-only.
+
+    Row ``M`` is the depth cap (``gen`` returns ``''``). For ``d < M``, with ``z = G[d, 0]``
+    and ``W = G[d + 1]``, the sampler's rules give, for ``m >= 1``,
+    ``G[d, m] (1 - 2 q z) = p W[m - 1] + q sum_{a=1}^{m-1} G[d, a] G[d, m - a]``, and
+    ``z = (1 - p - q) + p W[M] + q (z^2 + sum_{a, b >= 1, a + b > M} G[d, a] G[d, b])``: the
+    empty rule, plus every wrap or concatenation longer than ``max_len``, which the sampler
+    abandons (returns ``''``). ``z`` is found by Newton's method (each ``G[d, m]`` is a power
+    series in ``z`` with non-negative coefficients, so from below it never overshoots),
+    levels solved deepest first in windows of 25 (a level needs the one below it).
+    """
+    m_max = max_len // 2
+    r = 1.0 - p - q
+    table = np.zeros((m_max + 1, m_max + 1))  # (levels, half-lengths)
+    table[m_max, 0] = 1.0
+    grad = np.zeros_like(table)  # dG[d, m] / dz_d
+    z_start = 2 * r / (1 + math.sqrt(max(0.0, 1 - 4 * q * r)))  # P(empty) without the limits
+    for hi in range(m_max, 0, -25):
+        lo = max(0, hi - 25)
+        rows, below = slice(lo, hi), slice(lo + 1, hi + 1)
+        z = np.full(hi - lo, z_start if hi == m_max else table[hi, 0])
+        for _ in range(100):
+            table[rows, 0], grad[rows, 0] = z, 1.0
+            den = 1 - 2 * q * z
+            conv, dconv = np.zeros(hi - lo), np.zeros(hi - lo)
+            for m in range(1, m_max + 1):
+                back = table[rows, m - 1 : 0 : -1]  # G[d, m-1], ..., G[d, 1]
+                inner = np.einsum("da,da->d", table[rows, 1:m], back)
+                dinner = 2 * np.einsum("da,da->d", grad[rows, 1:m], back)
+                conv += inner
+                dconv += dinner
+                table[rows, m] = (p * table[below, m - 1] + q * inner) / den
+                grad[rows, m] = (2 * q * table[rows, m] + q * dinner) / den
+            s1, ds1 = table[rows, 1:].sum(1), grad[rows, 1:].sum(1)
+            h = r + p * table[below, m_max] + q * (z * z + s1 * s1 - conv) - z
+            if np.abs(h).max() < 1e-13:
+                break
+            z = z - h / (q * (2 * z + 2 * s1 * ds1 - dconv) - 1)
+        else:  # pragma: no cover - not seen for any valid (p, q)
+            raise DataError(f"Suzgun length table for max_len={max_len}, p={p}, q={q} did not converge")
+    table.setflags(write=False)
+    return table
+
+
+class SuzgunLengthSampler:
+    """:class:`SuzgunSampler` (abandon limit ``max_len``) kept only at one exact length:
+    the distribution of Suzgun et al.'s ``generate_list(n, L, L)`` rejection loop, drawn
+    without the loop (which needs about 12,000 draws and 12 million rule choices per string
+    of length 1000).
+
+    A node ``gen(2d)`` that must return length ``2m > 0`` chooses ``( S )`` with weight
+    ``p G[d + 1, m - 1]`` or ``S S`` with a left part of length ``2a``, ``a = 1..m-1``, with
+    weight ``q G[d, a] G[d, m - a]`` (:func:`suzgun_length_table`); a part of length 0 is
+    ``''`` whether it was empty, abandoned or capped. The split with an empty part gives back
+    the same problem, so leaving it out keeps the distribution exact. Unlike the grammar
+    conditioned on its length (:class:`LengthConditionedSampler`), this counts the
+    sampler's abandoned branches and its depth cap. Where those weigh, the two differ (at
+    length 20, p=0.5, q=0.25: 17% of strings reach the cap's depth 10, against 9%); at
+    length 1000 they agree closely (measured over 3,000 strings each: mean maximum depth
+    56.6 and 56.5, first return to depth 0 at 734 and 738; two-sample KS p 0.94 and 1.0),
+    while a plain draw has length 1000 with probability 8.4e-5 here, 3.6e-5 in the grammar.
+    """
+
+    def __init__(self, max_len: int, p: float, q: float) -> None:
+        self.max_len, self.p, self.q = max_len, p, q
+        self.table = suzgun_length_table(max_len, p, q)
+
+    def sample(self, u: _Uniforms, length: int) -> str:
+        """One string of exactly ``length`` (even, ``<= max_len``)."""
+        g, p, q = self.table, self.p, self.q
+        out: list[str] = []
+        tasks: list[tuple[int, int]] = [(0, length // 2)]  # (level, half-length); (-1, 0): ')'
+        while tasks:
+            d, m = tasks.pop()
+            if d < 0:
+                out.append(")")
+            elif m > 0:
+                weights = np.empty(m)  # choice 0: ( S ); a >= 1: split at 2a
+                weights[0] = p * g[d + 1, m - 1]
+                weights[1:] = q * g[d, 1:m] * g[d, m - 1 : 0 : -1]
+                cdf = np.cumsum(weights)
+                a = min(int(np.searchsorted(cdf, u.next() * cdf[-1], side="right")), m - 1)
+                if a == 0:
+                    out.append("(")
+                    tasks += ((-1, 0), (d + 1, m - 1))
+                else:
+                    tasks += ((d, m - a), (d, a))
+        return "".join(out)
+
+
 def sample_exact_unique(
-    rng: np.random.Generator, n: int, length: int, p: float, q: float
+    rng: np.random.Generator,
+    n: int,
+    length: int,
+    p: float,
+    q: float,
+    method: VeryLongSampler = "conditioned",
 ) -> list[str]:
-    """``n`` distinct strings of exactly ``length`` via :class:`LengthConditionedSampler`."""
+    """``n`` distinct strings of exactly ``length`` via :class:`LengthConditionedSampler`
+    (``method="conditioned"``) or :class:`SuzgunLengthSampler` (``"suzgun_rejection"``,
+    abandon limit ``length``)."""
     if dyck_count(length) < n:
         raise DataError(
             f"only {dyck_count(length)} Dyck strings have length {length}; ask for fewer"
         )
-    sampler = LengthConditionedSampler(length, p, q)
+    sampler: LengthConditionedSampler | SuzgunLengthSampler = (
+        SuzgunLengthSampler(length, p, q)
+        if method == "suzgun_rejection"
+        else LengthConditionedSampler(length, p, q)
+    )
     u = _Uniforms(rng)
     seen: set[str] = set()
     out: list[str] = []
@@ -373,6 +485,15 @@ def first_failure(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarra
     return np.minimum.reduceat(where, starts)  # (N,)
 
 
+def trivial_failure(targets: Sequence[np.ndarray]) -> np.ndarray:
+    """FPF per example ``(N,)`` of the trivial predictor: ``[1, 1]`` (depth > 0) at every step.
+
+    Scored by :func:`first_failure` itself, so it is the step after which the depth first
+    returns to 0 (never the full length: a Dyck string ends at depth 0).
+    """
+    return first_failure([np.ones_like(t) for t in targets], targets)
+
+
 # --------------------------------------------------------------------------- config + task
 class Dyck1Config(FrozenConfig):
     """Dyck-1 task settings (defaults: El-Naggar et al. 2022 after Suzgun et al. 2019)."""
@@ -395,6 +516,12 @@ class Dyck1Config(FrozenConfig):
     """Distinct strings of the `very_long` test split."""
     very_long_len: int = 1_000
     """Exact length of every `very_long` string (even)."""
+    very_long_sampler: VeryLongSampler = added_field("conditioned")
+    """How `very_long` is drawn: "suzgun_rejection": Suzgun et al.'s sampler (abandon limit
+    very_long_len) kept only at length very_long_len, as their generate_list(n, L, L) does
+    (El-Naggar et al.: "using the same methods"); "conditioned": the grammar conditioned on
+    the length, which ignores the sampler's abandoned branches and depth cap (a different
+    distribution; at length 1000 a close one, see SuzgunLengthSampler)."""
     zigzag_len: int = 2_000
     """Length of every `zigzag` string."""
     zigzag_js: tuple[int, ...] = (1000, 500, 250, 200, 125, 100, 50, 25, 20, 10)
@@ -472,7 +599,7 @@ class Dyck1(Task):
     Config: ClassVar[type[FrozenConfig]] = Dyck1Config
     data_kind = "tagging"
     primary_metric: ClassVar[str] = "correct"
-    metrics: ClassVar[tuple[str, ...]] = ("correct", "fpf")
+    metrics: ClassVar[tuple[str, ...]] = ("correct", "fpf", "fpf_trivial")
     tiny: ClassVar[dict[str, Any]] = {
         "train_size": 64,
         "val_size": 32,
@@ -520,7 +647,7 @@ class Dyck1(Task):
             rngs[1], cfg.long_size, cfg.long_min_len, cfg.long_max_len, cfg.p, cfg.q, set(short)
         )
         very_long = sample_exact_unique(
-            rngs[2], cfg.very_long_size, cfg.very_long_len, cfg.p, cfg.q
+            rngs[2], cfg.very_long_size, cfg.very_long_len, cfg.p, cfg.q, cfg.very_long_sampler
         )
         return {
             "train": to_tags(short[:n_train]),
@@ -569,14 +696,30 @@ class Dyck1(Task):
         return TaskData(splits=splits, meta=meta)
 
     def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
-        """``correct`` (0/1) and ``fpf`` per example; ``predictions[i]`` is ``(T_i, 2)`` sigmoid outputs."""
+        """``correct`` (0/1), ``fpf`` and ``fpf_trivial`` (:func:`trivial_failure`, the same for
+        every run on these data) per example; ``predictions[i]`` is ``(T_i, 2)`` sigmoid outputs."""
         data = split.data
         assert isinstance(data, SeqTags)
         if len(predictions) != len(data):
             raise ValueError(f"{len(predictions)} predictions for {len(data)} examples")
         fpf = first_failure(predictions, data.y)
         lengths = np.array([len(x) for x in data.x], dtype=np.int64)
-        return {"correct": (fpf == lengths).astype(np.float64), "fpf": fpf.astype(np.float64)}
+        return {
+            "correct": (fpf == lengths).astype(np.float64),
+            "fpf": fpf.astype(np.float64),
+            "fpf_trivial": self._trivial(split.name, data),
+        }
+
+    def _trivial(self, name: str, data: SeqTags) -> np.ndarray:
+        """:func:`trivial_failure` of a split as float64, computed once per split's data
+        (every member of a bundle is scored on the same data, every round)."""
+        cache: dict[str, tuple[SeqTags, np.ndarray]] = self.__dict__.setdefault("_trivial_fpf", {})
+        hit = cache.get(name)
+        if hit is None or hit[0] is not data:
+            values = trivial_failure(data.y).astype(np.float64)
+            values.setflags(write=False)
+            hit = cache[name] = (data, values)
+        return hit[1]
 
     def render_example(self, data: TaskData, split: Split, index: int) -> tuple[str, str]:
         """The input as brackets (first 60), the target empty (a depth per step)."""
@@ -600,18 +743,55 @@ class Dyck1(Task):
         return bits + (f"...({len(pred)})" if len(pred) > 60 else "")
 
     def analysis(self) -> dict[str, Any]:
-        """Regress very-long FPF on -log(val loss) over runs and checkpoints; FPF histogram."""
-        regression = {
-            "x": {"split": "val", "metric": "loss", "transform": "neglog"},
-            "y": {"split": "very_long", "metric": "fpf"},
-        }
+        """El-Naggar et al.'s aggregates, declared as data for the manifest (docs/analysis.md).
+
+        Per grid point (cell type): the summary over the 10 runs with the lowest validation
+        loss (the paper's ReLU selection: 10 of 30; 10 of 10 for LSTM and GRU); the OLS of
+        very-long FPF on -log(train / val / long loss) over the snapshot checkpoints of those
+        runs (6 epochs x 10 runs = 60); and the trivial predictor's FPF (``fpf_trivial``, a
+        metric the runs record from their own data) beside every FPF. Also the regression
+        across runs at the selected epoch and the very-long FPF histogram.
+        """
+        very_long_fpf = {"split": "very_long", "metric": "fpf"}
+        lowest_val_loss = {"k": 10, "by": {"split": "val", "metric": "loss"}, "mode": "min"}
+
+        def neglog_loss(split: str) -> dict[str, str]:
+            return {"split": split, "metric": "loss", "transform": "neglog"}
+
         return {
             "metric_definitions": {
                 "correct": "share of sequences whose every step's depth outputs are right (thresholded at 0.5)",
                 "fpf": "first point of failure: the number of steps before the first wrong depth output "
                 "(the sequence length when none is wrong)",
+                "fpf_trivial": "the FPF of the trivial predictor that says 'depth > 0' at every step, on "
+                "the same sequences: a property of the split; a run at or below it did not learn to count",
                 "loss": "mean squared error of the depth outputs (lower is better)",
             },
-            "regressions": [{**regression, "over": "runs"}, {**regression, "over": "checkpoints"}],
-            "histograms": [{"split": "very_long", "metric": "fpf"}],
+            "regressions": [{"x": neglog_loss("val"), "y": very_long_fpf, "over": "runs"}],
+            "histograms": [very_long_fpf],
+            "aggregates": [
+                {
+                    "kind": "best_k",
+                    **lowest_val_loss,
+                    "of": [
+                        {"split": "val", "metric": "loss"},
+                        {"split": "long", "metric": "correct"},
+                        {"split": "long", "metric": "fpf"},
+                        very_long_fpf,
+                        {"split": "zigzag", "metric": "fpf"},
+                    ],
+                },
+                {
+                    "kind": "checkpoint_regression",
+                    "y": very_long_fpf,
+                    "x": [neglog_loss(s) for s in ("train", "val", "long")],
+                    "runs": lowest_val_loss,
+                },
+                {
+                    "kind": "baseline",
+                    "metric": "fpf",
+                    "baseline": "fpf_trivial",
+                    "label": "trivial predictor (depth > 0 at every step)",
+                },
+            ],
         }

@@ -469,7 +469,9 @@ class SymbolRewriting(Task):
         ``test_splits``: the test splits whose seed-by-seed correlations to report, in
         report order; ``scatter``: ``[[split, metric], [split, metric]]``, the seed scatter
         the paper discusses (x: Short accuracy, y: Long accuracy); ``primary_metric``: the
-        metric of the distribution charts and summaries.
+        metric of the distribution charts and summaries; ``events``: when a run *learns*
+        (val accuracy first reaches 0.5: validity sits at 0 for epochs, then jumps within
+        one or two), read from the val curve as a time to an event.
         """
         return {
             "metric_definitions": {
@@ -481,4 +483,5 @@ class SymbolRewriting(Task):
             "test_splits": ["standard", "repeat", "short", "long"],
             "scatter": [["short", "accuracy"], ["long", "accuracy"]],
             "primary_metric": self.primary_metric,
+            "events": [{"name": "learns", "split": "val", "metric": "accuracy", "op": ">=", "threshold": 0.5}],
         }

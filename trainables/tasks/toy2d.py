@@ -4,14 +4,17 @@ Two binary factors ``Y1, Y2``; the input is ``X_i = Y_i - U_i`` with ``U_i ~ U[0
 independent, so ``X_i`` lies in ``[Y_i - 1, Y_i]``; the label is ``Y1``. Training draws
 ``(Y1, Y2)`` uniformly from {(0, 0), (0, 1), (1, 0)}; the test combination is (1, 1),
 never seen in training. A model that uses only ``X1`` generalises; one that leans on the
-(training-time correlated) ``X2`` does not. ``fresh_samples``: every training step draws
-new samples (:meth:`Toy2D.sample_train`).
+(training-time correlated) ``X2`` does not. By default (config ``fresh_samples``) every
+training step draws new samples (:meth:`Toy2D.sample_train`); with ``fresh_samples: false``
+training passes over the fixed ``train`` split instead, as TensorFlow Playground (where
+the paper trained it) passes over its fixed training points.
 
 Splits (``ids`` = row numbers within the split):
 
 * ``train`` (role train): ``n_train`` samples of the training distribution drawn by the
-  data seed. The trainer draws training batches with :meth:`Toy2D.sample_train` and only
-  uses ``len(train)`` (as an epoch size, if it counts epochs).
+  data seed. With ``fresh_samples`` the trainer draws training batches with
+  :meth:`Toy2D.sample_train` and only uses ``len(train)`` (as an epoch size, if it counts
+  epochs); without, it trains on these samples (an epoch is one pass over them).
 * ``train_eval`` (role val): ``n_eval`` fixed training-distribution samples.
 * ``test`` (role test): ``n_eval`` fixed (1, 1) samples.
 * ``grid`` (role test): the points of a regular grid over ``[low, high]^2`` (config
@@ -38,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import ValidationInfo, field_validator
 
-from trainables.configbase import FrozenConfig
+from trainables.configbase import FrozenConfig, added_field
 from trainables.data import Arrays, Split, TaskData
 from trainables.errors import ConfigError
 from trainables.registry import TASKS
@@ -73,6 +76,10 @@ class Toy2DConfig(FrozenConfig):
     """Size of each fixed evaluation set (`train_eval`, `test`)."""
     grid: tuple[float, float, int] = (-1.0, 1.0, 41)
     """Decision-surface grid (low, high, points per axis) of the `grid` split."""
+    fresh_samples: bool = added_field(True)
+    """true: every training step draws new samples (n_train is only an epoch size); false:
+    training passes over the fixed `train` split's n_train samples (TensorFlow Playground's
+    way: a fixed training set, one "step" = one pass over it)."""
 
     @field_validator("n_train", "n_eval")
     @classmethod
@@ -115,6 +122,11 @@ class Toy2D(Task):
 
     config: Toy2DConfig
 
+    def __init__(self, config: FrozenConfig) -> None:
+        super().__init__(config)
+        # the trainer reads it from the task; the class keeps the default (True)
+        self.fresh_samples = self.config.fresh_samples  # type: ignore[misc]
+
     def build(self, data_seed: int) -> TaskData:
         seeds = np.random.SeedSequence(data_seed).spawn(3)
         cfg = self.config
@@ -149,6 +161,13 @@ class Toy2D(Task):
 
     def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
         """``accuracy`` on every split; the ``grid`` also gets ``p_y1``."""
+        if len(predictions) == len(split) > 0 and all(np.ndim(p) == 1 for p in predictions):
+            probs = np.stack(predictions)  # (N, C): one argmax for the split, not one per example
+            labels = split.data.y  # type: ignore[union-attr]
+            scores = {"accuracy": (probs.argmax(axis=1) == labels).astype(np.float64)}
+            if split.name == "grid":
+                scores["p_y1"] = probs[:, 1].astype(np.float64)
+            return scores
         scores = {"accuracy": accuracy(split, predictions)}
         if split.name == "grid":
             if any(np.ndim(p) != 1 for p in predictions):
@@ -172,7 +191,8 @@ class Toy2D(Task):
                 "accuracy": "share of points classified as their Y1 (on the grid: as 1[x1 > 0], the "
                 "compositional rule)",
                 "p_y1": "the model's probability of Y1 = 1 at a grid point",
-                "loss": "cross-entropy per example",
+                "loss": "the model's training loss per example (cross-entropy by default; "
+                "with loss: square, TensorFlow Playground's 0.5 (o - t)^2 of the tanh output)",
             },
             "primary_metric": "accuracy",
             "decision_boundary": {

@@ -45,6 +45,7 @@ from trainables.models.base import MemberNoise
 from trainables.models.seq2seq.decode import decode
 from trainables.models.seq2seq.layout import (
     IGNORE,
+    Arch,
     Engine,
     Seq2SeqBatch,
     dropout_masks,
@@ -61,7 +62,13 @@ from trainables.models.seq2seq.weights import (
 
 
 class FastEngine(Engine):
-    """Batched bundle computation over stacked parameters (see the module docstring)."""
+    """Batched bundle computation over stacked parameters (see the module docstring).
+    It has no input feeding (its decoder runs all steps before attention)."""
+
+    def __init__(self, arch: Arch) -> None:
+        if arch.input_feeding:
+            raise ValueError("the fast seq2seq engine has no input feeding: use the reference engine")
+        super().__init__(arch)
 
     # ------------------------------------------------------------------ encoder
     def encode(
@@ -169,9 +176,9 @@ class FastEngine(Engine):
             y = embed_members(w.tgt_table, ids, a.tgt_vocab)  # (K, T, B, 4Hd)
         else:
             y = embed_members(w.tgt_emb, ids, a.tgt_vocab)  # (K, T, B, E)
-            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.emb)
+            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size)
             if mask is not None:
-                y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.emb))
+                y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.tgt_emb_size))
         y = self.decoder(w, y, h_fin, c_fin, batch.tgt_active)  # (K, T, B, Hd)
         hd = a.dec_hidden
         q = y.transpose(1, 2).contiguous()  # (K, B, T, Hd)

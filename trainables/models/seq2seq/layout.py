@@ -5,7 +5,9 @@
 (``nn.Embedding``), ``encoder``/``decoder`` (``nn.LSTM``, batch-first, gate order i, f,
 g, o), ``attn`` (``nn.Linear(enc_out, dec_hidden, bias=False)``, the bilinear ``W_a``),
 ``combine`` (``nn.Linear(enc_out + dec_hidden, dec_hidden, bias=False)``, ``W_c`` over
-``[context; h_dec]``) and ``out`` (``nn.Linear(dec_hidden, tgt_vocab)``). Each is stored
+``[context; h_dec]``) and ``out`` (``nn.Linear(dec_hidden, tgt_vocab)``); the target
+embedding has ``Arch.tgt_emb_size`` and decoder layer 0 ``Arch.dec_input`` inputs (with
+input feeding also h~). Each is stored
 stacked over the K members under the name ``{module}_{param}``, e.g.
 ``encoder_weight_ih_l0_reverse`` ``(K, 4H, E)``. Both implementations read the same
 stacked parameters, so a member's state is the same dict whichever computes it.
@@ -66,6 +68,21 @@ class Arch:
     dropout: float
     max_src_len: int
     max_tgt_len: int
+    tgt_emb: int = 0
+    """Target embedding size; 0: ``emb`` (one size for both vocabularies)."""
+    input_feeding: bool = False
+    """Decoder layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
+    sec. 3.3), ``h~_0 = 0``; only the reference implementation computes it."""
+
+    @property
+    def tgt_emb_size(self) -> int:
+        """Size of a target embedding."""
+        return self.tgt_emb or self.emb
+
+    @property
+    def dec_input(self) -> int:
+        """Input size of decoder layer 0: the target embedding, plus h~ with input feeding."""
+        return self.tgt_emb_size + (self.dec_hidden if self.input_feeding else 0)
 
     @property
     def enc_out(self) -> int:
@@ -83,7 +100,7 @@ def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleD
     kw: dict[str, Any] = {"device": device}
     mods: dict[str, nn.Module] = {
         "src_emb": nn.Embedding(arch.src_vocab, arch.emb, **kw),
-        "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.emb, **kw),
+        "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.tgt_emb_size, **kw),
         "encoder": nn.LSTM(
             arch.emb,
             arch.hidden,
@@ -92,7 +109,7 @@ def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleD
             bidirectional=arch.directions == 2,
             **kw,
         ),
-        "decoder": nn.LSTM(arch.emb, arch.dec_hidden, arch.layers, batch_first=True, **kw),
+        "decoder": nn.LSTM(arch.dec_input, arch.dec_hidden, arch.layers, batch_first=True, **kw),
     }
     if arch.attention:
         mods["attn"] = nn.Linear(arch.enc_out, arch.dec_hidden, bias=False, **kw)

@@ -7,8 +7,10 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   position;
 * decoder: ``nn.LSTM`` initialised from the encoder's final (h, c) per layer, input the
   target embedding with teacher forcing (``BOS y_1 .. y_n``, predicting ``y_1 .. y_n EOS``).
-  **No input feeding**: the attentional state is not fed back into the decoder, so the
-  decoder runs over all steps first and attention is one batched matmul afterwards;
+  By default **no input feeding**: the attentional state is not fed back into the decoder,
+  so the decoder runs over all steps first and attention is one batched matmul afterwards.
+  With ``input_feeding`` layer 0 reads ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
+  sec. 3.3), one step at a time, in the reference implementation only;
 * attention ``bilinear``: ``score_s = h_dec^T W_a h_enc_s`` (masked beyond the source
   length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
   bias in W_a or W_c); attention ``none``: ``h~ = h_dec``;
@@ -24,6 +26,11 @@ hand-written LSTM, see :mod:`fast`) and ``reference`` (plain eager ``nn``
 modules, K = 1, see :mod:`reference`). Both read the same stacked parameters
 (layout: :mod:`layout`), draw the same dropout masks and compute the same
 numbers; :meth:`Seq2Seq.to_reference` turns a bundle member into a reference model.
+``input_feeding`` picks ``reference`` when ``impl`` is not given (and refuses an explicit
+``impl: fast``), so such a study trains one seed per bundle.
+
+Initialisation (``init``): ``uniform`` draws every parameter from U(-init_range,
+init_range); ``tf`` is Li et al.'s TensorFlow 1 code (:mod:`init`).
 
 Meta keys read: ``src_vocab``, ``tgt_vocab`` (:class:`Vocab`), ``max_src_len``,
 ``max_tgt_len`` and ``decode_len`` (src lengths -> greedy steps; default: ``max_tgt_len
@@ -49,15 +56,16 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from torch import nn
 
-from trainables.configbase import FrozenConfig
+from trainables.configbase import FrozenConfig, added_field
 from trainables.data import SplitData, TokenRows
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 from trainables.models.seq2seq.decode import decode
 from trainables.models.seq2seq.fast import FastEngine
+from trainables.models.seq2seq.init import init_tf
 from trainables.models.seq2seq.layout import (
     IGNORE,
     Arch,
@@ -76,7 +84,11 @@ class Seq2SeqConfig(FrozenConfig):
     """Seq2seq model config (defaults: the Weber et al. 2018 symbol-rewriting model)."""
 
     emb_size: int = Field(32, ge=1)
-    """Embedding size of source and target tokens."""
+    """Embedding size of source and target tokens (of source tokens only when
+    ``tgt_emb_size`` is set)."""
+    tgt_emb_size: int | None = added_field(None, ge=1)
+    """Embedding size of target tokens (the decoder's input); None: ``emb_size``. Li et al.'s
+    SCAN code embeds actions in 8 dimensions (its ``--output_embedding_size`` default)."""
     hidden_size: int = Field(32, ge=1)
     """LSTM units of the encoder per direction (the decoder has this times the directions)."""
     layers: int = Field(1, ge=1)
@@ -94,7 +106,21 @@ class Seq2SeqConfig(FrozenConfig):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     """Dropout probability on source and target embeddings and on the output layer input."""
     init_range: float = Field(0.1, gt=0.0)
-    """Every parameter is initialised from U(-init_range, init_range)."""
+    """Every parameter is initialised from U(-init_range, init_range) (``init: uniform``;
+    unused with ``init: tf``)."""
+    init: Literal["uniform", "tf"] = added_field("uniform")
+    """``uniform``: every parameter from U(-init_range, init_range) (OpenNMT-py's
+    ``param_init``, Weber et al.); ``tf``: Li et al.'s TensorFlow 1 code, embeddings
+    U(-1, 1), Glorot-uniform kernels (an LSTM's input and recurrent weights as TF's one
+    kernel), zero biases, LSTM forget-gate bias 1 (see :mod:`trainables.models.seq2seq.init`)."""
+    input_feeding: bool = added_field(False)
+    """Feed the attentional state back into the decoder (Luong et al. 2015, sec. 3.3):
+    layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]``, ``h~_0 = 0``. On by default
+    in the toolkits of 2018: OpenNMT-py (``-input_feed 1``: "Feed the context vector at
+    each time step as additional input") and TensorFlow's ``AttentionWrapper``
+    (``cell_input_fn`` defaults to ``concat([inputs, attention], -1)``), which Li et al.'s
+    SCAN code uses. Needs ``attention: bilinear``; only the reference implementation has
+    it, so it picks ``impl: reference`` unless ``impl`` is given (one seed per bundle)."""
     impl: Literal["fast", "reference"] = "fast"
     """``fast``: batched bundle implementation; ``reference``: plain eager ``nn`` modules,
     one seed per model (the baseline the fast path is tested against)."""
@@ -109,6 +135,35 @@ class Seq2SeqConfig(FrozenConfig):
     the argmax at every target position incl. EOS is the gold token (Li et al.'s original
     metric; greedy-decoding exact match is the task's own metric), and ``tf_token``: the
     fraction of an example's target positions (incl. EOS) whose argmax is right."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _feeding_picks_the_reference(cls, data: Any) -> Any:
+        """``input_feeding`` without an ``impl`` resolves to ``impl: reference`` (the fast path
+        has no input feeding); an explicit ``impl`` is kept and checked below."""
+        if isinstance(data, dict) and "impl" not in data and "input_feeding" in data:
+            try:
+                feeding = TypeAdapter(bool).validate_python(data["input_feeding"])
+            except ValidationError:
+                return data  # the field's own validation names the problem
+            if feeding:
+                return {**data, "impl": "reference"}
+        return data
+
+    @model_validator(mode="after")
+    def _input_feeding_is_possible(self) -> Seq2SeqConfig:
+        if self.input_feeding and self.impl == "fast":
+            raise ValueError(
+                "input_feeding: the fast implementation has no input feeding (its decoder runs "
+                "every step before attention). Fix: set impl: reference, or leave impl unset "
+                "(input feeding then picks it), or set input_feeding: false"
+            )
+        if self.input_feeding and self.attention == "none":
+            raise ValueError(
+                "input_feeding: feeds the attentional state back, but attention is none. Fix: "
+                "set attention: bilinear, or input_feeding: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_compiled_path(self) -> Seq2SeqConfig:
@@ -181,6 +236,8 @@ def _arch(cfg: Seq2SeqConfig, meta: dict[str, Any]) -> Arch:
         dropout=cfg.dropout,
         max_src_len=int(meta["max_src_len"]),
         max_tgt_len=int(meta["max_tgt_len"]),
+        tgt_emb=cfg.tgt_emb_size or 0,
+        input_feeding=cfg.input_feeding,
     )
 
 
@@ -210,6 +267,12 @@ class Seq2Seq(Model):
         super().__init__(config, meta, k)
         assert isinstance(config, Seq2SeqConfig)
         self.cfg = config
+        if config.input_feeding and config.impl != "reference":
+            raise ConfigError(
+                "model.input_feeding",
+                "only the reference implementation has input feeding",
+                "leave model.impl unset or set it to reference",
+            )
         if config.impl == "reference" and k != 1:
             raise ConfigError(
                 "model.impl",
@@ -230,7 +293,11 @@ class Seq2Seq(Model):
 
     # ------------------------------------------------------------------ parameters
     def init_member(self, member: int, generator: torch.Generator) -> None:
-        """U(-init_range, init_range) for every parameter, in registration order, on the CPU."""
+        """``init: uniform``: U(-init_range, init_range) for every parameter; ``tf``:
+        :func:`init_tf`. Parameters in registration order, drawn on the CPU."""
+        if self.cfg.init == "tf":
+            init_tf(self, member, generator)
+            return
         r = self.cfg.init_range
         with torch.no_grad():
             for p in self.parameters():

@@ -6,6 +6,13 @@ state is taken at its own last position, and the backward direction of a bidirec
 encoder starts there), ``nn.LSTM`` over the padded teacher-forced decoder input, and
 ``nn.Linear`` layers applied at every padded position (padding masked in the loss).
 
+**Input feeding** (``Arch.input_feeding``; Luong et al. 2015, sec. 3.3, as OpenNMT-py's
+``InputFeedRNNDecoder``): decoder layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]``
+with ``h~_0 = 0``, so the decoder runs one step at a time (:meth:`ReferenceEngine.feed_step`),
+in teacher forcing as in greedy or beam decoding. The ``h~`` fed back is the one the output
+layer reads, after dropout (OpenNMT-py feeds its dropped-out ``decoder_output``); the
+dropout protocol is unchanged (the same masks, drawn in the same order).
+
 The modules live on the ``meta`` device and own no memory; each call runs them with
 ``torch.func.functional_call`` on the member-0 slices of the model's stacked parameters,
 so the parameters keep the member dim every model shares (the trainer's per-member
@@ -95,15 +102,68 @@ class ReferenceEngine(Engine):
         ctx = torch.bmm(scores.softmax(-1), enc)  # (B, T, He)
         return torch.tanh(m("combine", torch.cat([ctx, dec], -1)))
 
-    def token_outputs(
+    def feed_step(
         self,
-        params: Mapping[str, torch.Tensor],
-        batch: Seq2SeqBatch,
-        noise: MemberNoise | None,
-        hits: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Cross-entropy of every target token (1, N) in (example, time) order; with
-        ``hits`` also whether each token is the argmax of its logits (1, N) bool."""
+        m: _Bound,
+        y: torch.Tensor,
+        feed: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        enc: torch.Tensor,
+        keys: torch.Tensor | None,
+        src_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One input-feeding decoder step: target embeddings y (B, E), the previous h~ (B, Hd),
+        the decoder state (h, c) (L, B, Hd) -> this step's h~ (B, Hd) (before dropout) and
+        the new state. Layer 0 reads ``[y; feed]``; ``keys`` (B, S, Hd) are ``W_a enc``.
+
+        Written with ``torch.lstm_cell`` (``nn.LSTMCell``'s step) on each layer's weights and
+        the attention of one query as multiply-and-sum: in a profile of a training step at
+        the paper's sizes, one-step ``nn.LSTM`` calls (oneDNN) and one-row ``bmm`` s took
+        about 40% of the time."""
+        h, c = state
+        w = m.by_module["decoder"]
+        x = torch.cat([y, feed], -1)
+        hs, cs = [], []
+        for n in range(self.arch.layers):
+            h_n, c_n = torch.lstm_cell(
+                x, (h[n], c[n]), w[f"weight_ih_l{n}"], w[f"weight_hh_l{n}"],
+                w[f"bias_ih_l{n}"], w[f"bias_hh_l{n}"],
+            )
+            hs.append(h_n)
+            cs.append(c_n)
+            x = h_n
+        state = (torch.stack(hs), torch.stack(cs))
+        if keys is None:  # no attention
+            return x, state
+        scores = (keys * x.unsqueeze(1)).sum(-1).masked_fill(~src_mask, float("-inf"))  # (B, S)
+        ctx = (scores.softmax(-1).unsqueeze(-1) * enc).sum(1)  # (B, He)
+        return torch.tanh(m("combine", torch.cat([ctx, x], -1))), state
+
+    def _feed_decoder(
+        self,
+        m: _Bound,
+        y: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        enc: torch.Tensor,
+        src_mask: torch.Tensor,
+        drop: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Teacher-forced input feeding: y (B, T, E) -> h~ (B, T, Hd), each step multiplied by
+        its dropout multipliers ``drop[:, t]`` (B, T, Hd) before it is fed back."""
+        keys = m("attn", enc) if self.arch.attention else None
+        feed = y.new_zeros(y.shape[0], self.arch.dec_hidden)  # h~_0 = 0
+        steps = []
+        for t in range(y.shape[1]):
+            feed, state = self.feed_step(m, y[:, t], feed, state, enc, keys, src_mask)
+            if drop is not None:
+                feed = feed * drop[:, t]
+            steps.append(feed)
+        return torch.stack(steps, 1)
+
+    def logits(
+        self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, noise: MemberNoise | None
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V) of the member (padded positions included)."""
         if batch.src.shape[0] != 1:
             raise ValueError("the reference implementation runs one member (K = 1)")
         a = self.arch
@@ -113,15 +173,34 @@ class ReferenceEngine(Engine):
         b, t = tgt_in.shape
         positions = torch.nonzero(tgt_mask.flatten()).squeeze(1)
         y = m("tgt_emb", tgt_in)  # (B, T, E)
-        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.emb)
+        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size)
         if mask is not None:
-            y = y * scatter_rows(mask, positions, (b, t, a.emb))
-        dec, _ = m("decoder", y, state)  # (B, T, Hd)
-        u = self._attend(m, dec, enc, batch.src_mask[0])
-        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.dec_hidden)
-        if mask is not None:
-            u = u * scatter_rows(mask, positions, (b, t, a.dec_hidden))
-        logits = m("out", u)  # (B, T, V)
+            y = y * scatter_rows(mask, positions, (b, t, a.tgt_emb_size))
+        if a.input_feeding:
+            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.dec_hidden)
+            drop = None if mask is None else scatter_rows(mask, positions, (b, t, a.dec_hidden))
+            u = self._feed_decoder(m, y, state, enc, batch.src_mask[0], drop)
+        else:
+            dec, _ = m("decoder", y, state)  # (B, T, Hd)
+            u = self._attend(m, dec, enc, batch.src_mask[0])
+            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.dec_hidden)
+            if mask is not None:
+                u = u * scatter_rows(mask, positions, (b, t, a.dec_hidden))
+        return m("out", u)  # (B, T, V)
+
+    def token_outputs(
+        self,
+        params: Mapping[str, torch.Tensor],
+        batch: Seq2SeqBatch,
+        noise: MemberNoise | None,
+        hits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-entropy of every target token (1, N) in (example, time) order; with
+        ``hits`` also whether each token is the argmax of its logits (1, N) bool."""
+        logits = self.logits(params, batch, noise)  # (B, T, V)
+        tgt_mask = batch.tgt_mask[0]
+        b, t = tgt_mask.shape
+        positions = torch.nonzero(tgt_mask.flatten()).squeeze(1)
         target = batch.tgt_out[0].masked_fill(~tgt_mask, IGNORE)
         ce = F.cross_entropy(logits.reshape(b * t, -1), target.flatten(), reduction="none")
         hit = None
@@ -153,9 +232,20 @@ class ReferenceStepper:
         self.enc = enc.repeat_interleave(width, 0)  # (N, S, He)
         self.src_mask = src_mask.repeat_interleave(width, 0)
         self.h, self.c = (x.repeat_interleave(width, 1) for x in state)  # (L, N, Hd)
+        self.feed: torch.Tensor | None = None  # input feeding: the previous h~ (N, Hd)
+        self.keys: torch.Tensor | None = None
+        if engine.arch.input_feeding:
+            self.feed = enc.new_zeros(self.enc.shape[0], engine.arch.dec_hidden)
+            self.keys = m("attn", self.enc) if engine.arch.attention else None
 
     def step(self, prev: torch.Tensor) -> torch.Tensor:
         """prev (1, N) -> logits (1, N, V)."""
+        if self.feed is not None:
+            y = self.m("tgt_emb", prev[0])  # (N, E)
+            self.feed, (self.h, self.c) = self.engine.feed_step(
+                self.m, y, self.feed, (self.h, self.c), self.enc, self.keys, self.src_mask
+            )
+            return self.m("out", self.feed).unsqueeze(0)
         y = self.m("tgt_emb", prev[0].unsqueeze(1))  # (N, 1, E)
         dec, (self.h, self.c) = self.m("decoder", y, (self.h, self.c))  # (N, 1, Hd)
         u = self.engine._attend(self.m, dec, self.enc, self.src_mask)
@@ -171,3 +261,5 @@ class ReferenceStepper:
     def reorder(self, index: torch.Tensor) -> None:
         self.h = self.h.index_select(1, index[0])
         self.c = self.c.index_select(1, index[0])
+        if self.feed is not None:
+            self.feed = self.feed.index_select(0, index[0])

@@ -1,0 +1,191 @@
+"""Charts of the seed-study questions (:mod:`analysis.seed_questions`) for the report.
+
+* :func:`km_chart`: per grid point, the Kaplan-Meier share of runs that reached an event
+  against time (``1 - S(t)``, a step line with its 95% band), a tick where runs were
+  censored, and a dashed rule at the budget;
+* :func:`seed_count_chart`: the 95% half-width of a mean against the number of seeds,
+  from each (point, split)'s spread, with the target half-width and the study's seeds;
+* :func:`power_chart`: the power of each config comparison against seeds per config, for
+  the difference observed, with the 80% line.
+
+:func:`question_panels` builds them for a study as ``(name, chart, wide)`` rows, which
+:func:`analysis.report.build_charts` appends to the page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from analysis import seedcount as sc
+from analysis.charts import ChartData, TopChart
+from analysis.context import StudyContext
+
+Panels = list[tuple[str, Any, bool]]
+
+
+def _steps(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per point, the KM table with a leading row at time 0 (nothing reached yet)."""
+    parts = []
+    for p, sub in curves.groupby("point", sort=False):
+        start = pd.DataFrame({"point": [p], "time": [0.0], "reached": [0.0], "r_low": [0.0],
+                              "r_high": [0.0], "at_risk": [sub["at_risk"].iloc[0]],
+                              "events": [0], "censored": [0]})  # fmt: skip
+        body = sub.assign(r_low=1 - sub["high"], r_high=1 - sub["low"])
+        parts += [start, body[list(start.columns)]]
+    return pd.concat(parts, ignore_index=True)
+
+
+def km_chart(
+    store: ChartData, curves: pd.DataFrame, label: str, unit: str, budget: float
+) -> TopChart:
+    """Kaplan-Meier curves of one event, one colour per grid point.
+
+    ``curves``: :data:`analysis.survival.CURVE_COLUMNS` (point, time, at_risk, events,
+    censored, survival, low, high, reached, reached_all). ``label``: the event
+    (``val accuracy >= 0.5``); ``unit``: ``epoch`` or ``step``; ``budget``: the largest
+    budget, drawn as a dashed rule.
+    """
+    df = _steps(curves)
+    color = alt.Color("point:N", title="grid point")
+    x = alt.X("time:Q", title=unit, scale=alt.Scale(domainMin=0))
+    tip = [alt.Tooltip("point:N"), alt.Tooltip("time:Q", title=unit),
+           alt.Tooltip("reached:Q", format=".1%", title="reached"),
+           alt.Tooltip("r_low:Q", format=".1%", title="95% low"),
+           alt.Tooltip("r_high:Q", format=".1%", title="95% high"),
+           alt.Tooltip("at_risk:Q", title="at risk"), alt.Tooltip("events:Q"),
+           alt.Tooltip("censored:Q")]  # fmt: skip
+    base = alt.Chart(store.add(df)).encode(x=x, color=color)
+    band = base.mark_area(opacity=0.15, interpolate="step-after").encode(
+        y=alt.Y("r_low:Q", title="share of runs that reached it", scale=alt.Scale(domain=[0, 1])),
+        y2="r_high:Q",
+    )
+    line = base.mark_line(interpolate="step-after").encode(y="reached:Q", tooltip=tip)
+    ticks = (
+        base.transform_filter("datum.censored > 0")
+        .mark_tick(thickness=2, size=12, orient="vertical")
+        .encode(y="reached:Q", tooltip=tip)
+    )
+    rule = (
+        alt.Chart(store.add(pd.DataFrame({"budget": [budget]})))
+        .mark_rule(strokeDash=[4, 3], color="#999")
+        .encode(x="budget:Q")
+    )
+    title = alt.TitleParams(
+        f"Time to {label} (Kaplan-Meier)",
+        subtitle=[f"share of runs that reached it by each {unit}, 95% log-log band; ticks: "
+                  "censored runs; dashed: the budget; diverged runs left out"],
+    )  # fmt: skip
+    return alt.layer(band, line, ticks, rule).properties(width=300, height=220, title=title)
+
+
+def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopChart:
+    """The 95% half-width of the mean against the number of seeds per (point, split).
+
+    ``table``: :func:`analysis.seedcount.seed_count_table` (point, split, n, sd,
+    half_width_now, half_width, ...). A dashed rule marks the target half-width, a dot
+    each (point, split)'s present seeds and half-width.
+    """
+    rows = []
+    for r in table.itertuples(index=False):
+        if not np.isfinite(r.sd):
+            continue
+        c = sc.curve_points(r.sd, int(r.n)).assign(
+            group=f"{r.point}: {r.split}" if table["point"].nunique() > 1 else r.split
+        )
+        rows.append(c)
+    curves = (
+        pd.concat(rows, ignore_index=True)
+        if rows
+        else pd.DataFrame(columns=["n", "half_width", "group"])
+    )
+    now = table.assign(group=[f"{p}: {s}" if table["point"].nunique() > 1 else s
+                              for p, s in zip(table["point"], table["split"], strict=True)])  # fmt: skip
+    color = alt.Color("group:N", title="split")
+    x = alt.X("n:Q", title="seeds", scale=alt.Scale(type="log"))
+    lines = alt.Chart(store.add(curves)).mark_line().encode(
+        x=x, y=alt.Y("half_width:Q", title=f"95% half-width of mean {metric}", scale=alt.Scale(type="log")),
+        color=color, tooltip=["group:N", "n:Q", alt.Tooltip("half_width:Q", format=".4f")],
+    )  # fmt: skip
+    dots = alt.Chart(store.add(now[["group", "n", "half_width_now", "seeds_needed"]])).mark_point(
+        filled=True, size=60
+    ).encode(x="n:Q", y="half_width_now:Q", color=color,
+             tooltip=["group:N", alt.Tooltip("n:Q", title="seeds now"),
+                      alt.Tooltip("half_width_now:Q", format=".4f"), "seeds_needed:Q"])  # fmt: skip
+    target = float(table["half_width"].iloc[0])
+    rule = (
+        alt.Chart(store.add(pd.DataFrame({"h": [target]})))
+        .mark_rule(strokeDash=[4, 3], color="#999")
+        .encode(y="h:Q")
+    )
+    title = alt.TitleParams(
+        f"How many seeds: {metric} mean to +-{target:.3g}",
+        subtitle=["t interval from this study's spread per split; dots: the seeds it has; "
+                  "dashed: the target"],
+    )  # fmt: skip
+    return alt.layer(lines, dots, rule).properties(width=300, height=220, title=title)
+
+
+def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6) -> TopChart:
+    """Power against seeds per config for each comparison (the ``top`` least powered).
+
+    ``power``: :func:`analysis.seedcount.power_table` (split, better, worse, sd_better,
+    sd_worse, diff, power, n_better, n_worse, ...)."""
+    rows = []
+    for r in power.sort_values("power", kind="stable").head(top).itertuples(index=False):
+        hi = max(100, 2 * int(r.seeds_needed or 0), 4 * max(r.n_better, r.n_worse))
+        ns = np.unique(np.round(np.geomspace(2, hi, 50)).astype(int))
+        name = f"{r.split}: {r.better} vs {r.worse}"
+        rows += [
+            (name, int(n), sc.welch_power(r.diff, r.sd_better, r.sd_worse, int(n), int(n)))
+            for n in ns
+        ]
+    df = pd.DataFrame(rows, columns=["comparison", "n", "power"])
+    line = (
+        alt.Chart(store.add(df))
+        .mark_line()
+        .encode(
+            x=alt.X("n:Q", title="seeds per config", scale=alt.Scale(type="log")),
+            y=alt.Y("power:Q", title="power", scale=alt.Scale(domain=[0, 1])),
+            color=alt.Color("comparison:N"),
+            tooltip=["comparison:N", "n:Q", alt.Tooltip("power:Q", format=".2f")],
+        )
+    )
+    rule = (
+        alt.Chart(store.add(pd.DataFrame({"p": [sc.POWER]})))
+        .mark_rule(strokeDash=[4, 3], color="#999")
+        .encode(y=alt.Y("p:Q", title="power"))
+    )
+    title = alt.TitleParams(
+        f"Power to detect the observed {metric} differences",
+        subtitle=[
+            f"two-sided Welch t at alpha {sc.ALPHA}, this study's spreads; dashed: {sc.POWER:.0%}"
+        ],
+    )
+    return alt.layer(line, rule).properties(width=300, height=220, title=title)
+
+
+def question_panels(ctx: StudyContext, store: ChartData, verdict: Any) -> Panels:
+    """The report's panels: a Kaplan-Meier chart per declared event, the seed-count chart,
+    and the power chart of a grid's comparisons."""
+    from analysis.seed_questions import resolve_events, study_events, study_seed_counts
+
+    out: Panels = []
+    for r in study_events(ctx, resolve_events(ctx)):
+        if r.curves.empty:
+            continue
+        chart = km_chart(store, r.curves, r.event.label, r.unit, float(r.summary["budget"].max()))
+        out.append((f"time-to-{r.event.split}-{r.event.metric}", chart, False))
+        ctx.notes.extend(r.warnings)
+    if verdict is None or verdict.metric is None:
+        return out
+    counts = study_seed_counts(ctx, verdict)
+    if not counts.table.empty and counts.table["sd"].notna().any():
+        out.append(("seed-count", seed_count_chart(store, counts.table, str(counts.metric)), False))
+    if not counts.power.empty:
+        out.append(("seed-power", power_chart(store, counts.power, str(counts.metric)), False))
+    ctx.notes.extend(counts.warnings)
+    return out

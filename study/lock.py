@@ -1,0 +1,89 @@
+"""One driver per study: an OS advisory lock on ``OUT/NAME/driver.lock``.
+
+Every command that writes a study's results (``run``, ``resume``, ``tune``, ``eval``) holds
+the lock for as long as it runs. It is an ``flock`` on an open file, so the kernel releases
+it when the process ends however it ends (SIGKILL, a crash, a lost SSH session): there is
+never a stale lock to delete by hand. The file holds the holder's pid, host and command, so
+a refused second driver can say who holds the study.
+
+``flock`` is local to one machine on most network file systems (NFS clients emulate it with
+byte-range locks, which do reach the server; a file system without any locking support
+raises ``ENOLCK``, reported as such). Two machines writing one study through a shared folder
+are therefore refused as well, where the file system carries the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainables.errors import StudyStateError
+
+LOCK_FILE = "driver.lock"
+"""The lock's file name inside the study folder."""
+
+
+class StudyLocked(StudyStateError):
+    """Another driver holds the study (exit code 2: nothing ran, nothing was written)."""
+
+
+def _holder(fd: int) -> str:
+    """The running holder as ``pid P on HOST (since T: COMMAND)``, from the lock file."""
+    try:
+        raw = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        info = json.loads(raw)
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["started"])))
+        return f"pid {info['pid']} on {info['host']} (since {since}: {info['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (its details are not written yet)"
+
+
+@contextlib.contextmanager
+def study_lock(out: Path, name: str) -> Iterator[Path]:
+    """Hold ``OUT/NAME/driver.lock`` exclusively for the ``with`` block; yields its path.
+
+    Raises :class:`StudyLocked` naming the holder's pid and host when another process holds
+    it. Re-entrant use in one process is not supported (a second ``study_lock`` of the same
+    study from the same process is refused like another driver)."""
+    folder = Path(out) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno == errno.ENOLCK:
+                raise StudyStateError(
+                    f"{path}: the file system does not support locks, so a second driver could "
+                    "not be refused. Fix: put --out on a local disk (or a file system with locks)"
+                ) from None
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise StudyLocked(
+                f"study {name} in {out} is being written by {_holder(fd)}. Fix: wait for it to "
+                f"finish (watch it with `study status {name} --out {out}`), or stop that process; "
+                "its lock goes with it, committed runs are kept"
+            ) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "command": " ".join(["study", *sys.argv[1:]])[:300],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            yield path
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

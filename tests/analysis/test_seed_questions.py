@@ -1,0 +1,136 @@
+"""Time to an event, seed counts and the Multi-Bootstrap on synthetic studies (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.analyze import analyze
+from analysis.demo import write_demo_study
+from analysis.errors import AnalysisError
+from analysis.report import build_report
+
+
+def _rewrite(out: Path, study: str, table: str, **columns: object) -> None:
+    """Set ``columns`` on every row of ``study``'s ``table`` files."""
+    for path in (out / "tables" / table / f"study={study}").glob("*.parquet"):
+        t = pq.read_table(path).to_pandas()
+        for k, v in columns.items():
+            t[k] = v
+        pq.write_table(pq.read_table(path).from_pandas(t, preserve_index=False), path)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    o = tmp_path_factory.mktemp("questions")
+    points = [{"model.cell": "lstm"}, {"model.cell": "gru"}]
+    write_demo_study(o, "grid", n_seeds=12, points=points, seed=21)
+    manifest = o / "grid" / "study.json"
+    m = json.loads(manifest.read_text())
+    m["analysis"]["events"] = ["learns: val accuracy >= 0.6", "nope accuracy >= 0.5"]
+    manifest.write_text(json.dumps(m))
+    # six epochs logged of a budget of ten, early stopping on: runs that never reach an
+    # event were censored by early stopping
+    write_demo_study(o, "stopped", n_seeds=6, seed=22)
+    cfg = json.dumps(
+        {"train": {"max_epochs": 10, "selection": {"early_stop": True, "mode": "max"}}}
+    )
+    _rewrite(o, "stopped", "trials", config_json=cfg)
+    return o
+
+
+def test_declared_event_is_read_and_a_bad_one_noted(out: Path) -> None:
+    doc = json.loads(analyze(out, "grid", "json", n_boot=200))
+    (ev,) = doc["events"]
+    assert ev["event"]["label"] == "learns: val accuracy >= 0.6" and ev["unit"] == "epoch"
+    assert any("nope accuracy" in n and "skipped" in n for n in doc["notes"])
+    for s in ev["summary"]:
+        runs = [r for r in ev["runs"] if r["point"] == s["point"]]
+        assert s["runs"] == len(runs) == 12
+        assert s["events"] + s["censored_budget"] == 12  # the demo runs train to their budget
+        # no censoring before the budget: the KM share reached is the plain share
+        assert s["reached"] == pytest.approx(s["events"] / 12)
+
+
+def test_event_option_replaces_declared_and_is_checked(out: Path) -> None:
+    doc = json.loads(analyze(out, "grid", "json", n_boot=200, events=["short loss <= 0.3"]))
+    assert [e["event"]["label"] for e in doc["events"]] == ["short loss <= 0.3"]
+    with pytest.raises(AnalysisError) as err:
+        analyze(out, "grid", "json", n_boot=200, events=["val accurcy >= 0.5"])
+    msg = str(err.value)
+    assert "--event" in msg and "'val accuracy'" in msg and "'very_long fpf'" in msg
+    with pytest.raises(AnalysisError, match="SPLIT METRIC OP THRESHOLD"):
+        analyze(out, "grid", events=["val accuracy => 0.5"])
+
+
+def test_early_stopped_runs_are_informative_censoring(out: Path) -> None:
+    doc = json.loads(analyze(out, "stopped", "json", n_boot=200, events=["val accuracy >= 0.999"]))
+    (ev,) = doc["events"]
+    assert {r["outcome"] for r in ev["runs"]} == {"early_stop"}
+    assert ev["summary"][0]["censored_early_stop"] == 6 and ev["summary"][0]["budget"] == 10
+    assert ev["summary"][0]["median"] is None and ev["summary"][0]["reached"] == 0
+    (w,) = [w for w in doc["warnings"] if "informative censoring" in w]
+    assert "6 of 6 runs" in w and "early_stop: false" in w
+
+
+def test_diverged_runs_are_a_competing_outcome(out: Path, tmp_path: Path) -> None:
+    o = tmp_path / "div"
+    write_demo_study(o, "div", n_seeds=4, seed=23)
+    path = o / "tables" / "runs" / "study=div" / "div-t00-1.parquet"
+    t = pq.read_table(path).to_pandas().assign(status="diverged")
+    pq.write_table(pq.read_table(path).from_pandas(t, preserve_index=False), path)
+    doc = json.loads(analyze(o, "div", "json", n_boot=200, events=["val accuracy >= 0.999"]))
+    (ev,) = doc["events"]
+    s = ev["summary"][0]
+    assert (s["runs"], s["diverged"], s["censored_budget"], s["events"]) == (4, 1, 3, 0)
+    assert any("diverged before" in w and "competing" in w for w in doc["warnings"])
+
+
+def test_seed_counts_and_power_warning(out: Path) -> None:
+    doc = json.loads(analyze(out, "grid", "json", n_boot=200, half_width=0.05))
+    c = doc["seed_counts"]
+    assert c["half_width"] == 0.05 and c["difference"] == 0.05 and "Welch" in c["assumptions"]
+    assert {(r["point"], r["split"]) for r in c["estimate"]} == {
+        (p, s) for p in ("cell=lstm", "cell=gru") for s in ("short", "long", "very_long")
+    }
+    assert len(c["comparisons"]) == len(doc["verdict"]["comparisons"]) == 3
+    weak = [r for r in c["comparisons"] if r["underpowered"]]
+    assert weak and all(r["power"] < 0.8 for r in weak)
+    assert any(w.startswith("underpowered:") for w in doc["warnings"])
+
+
+def test_multiboot_rows_of_configs_and_splits(out: Path) -> None:
+    doc = json.loads(analyze(out, "grid", "json", n_boot=300))
+    rows = doc["multi_bootstrap"]["rows"]
+    configs = [r for r in rows if r["kind"] == "configs"]
+    splits = [r for r in rows if r["kind"] == "splits"]
+    assert len(configs) == 3 and len(splits) == 2 * 3
+    preds = pq.read_table(out / "tables" / "predictions" / "study=grid").to_pandas()
+    for r in configs:
+        assert r["paired_seeds"] and r["paired_examples"] and r["examples_a"] == 40
+        assert r["low"] <= r["diff"] <= r["high"] and r["mean_a"] >= r["mean_b"]
+        tid = {"cell=lstm": "grid-t00", "cell=gru": "grid-t01"}[r["a"]]
+        sub = preds[(preds["trial_id"] == tid) & (preds["split"] == r["where"])]
+        assert r["mean_a"] == pytest.approx(sub["correct"].mean())
+
+
+def test_report_draws_km_and_seed_count_charts(out: Path) -> None:
+    rep = build_report(out, "grid", n_boot=200, quiet=True)
+    names = [p.name for p in rep.panels]
+    assert {"time-to-val-accuracy", "seed-count", "seed-power"} <= set(names)
+    spec = rep.spec()
+    assert spec["datasets"]
+
+
+def test_symbol_rewriting_declares_when_it_learns() -> None:
+    from analysis.survival import event_from_declaration
+    from trainables.tasks.symbol_rewriting import SymbolRewriting, SymbolRewritingConfig
+
+    task = SymbolRewriting(SymbolRewritingConfig())
+    (decl,) = task.analysis()["events"]
+    e = event_from_declaration(decl, "events[0]")
+    assert e.label == "learns: val accuracy >= 0.5"
+    assert task.split_roles()[e.split] == "val" and e.metric == task.primary_metric

@@ -1,0 +1,164 @@
+"""analysis.survival on tiny tables worked out by hand (censored and uncensored)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from analysis import survival as sv
+from analysis.errors import AnalysisError
+
+
+def test_parse_event_forms_and_errors() -> None:
+    e = sv.parse_event("val accuracy >= 0.5")
+    assert (e.split, e.metric, e.op, e.threshold, e.name) == ("val", "accuracy", ">=", 0.5, "")
+    e = sv.parse_event(" learns: val_ood accuracy>0.25 ")
+    assert (e.name, e.split, e.metric, e.op, e.threshold) == (
+        "learns",
+        "val_ood",
+        "accuracy",
+        ">",
+        0.25,
+    )
+    assert e.label == "learns: val_ood accuracy > 0.25"
+    assert sv.parse_event("train loss < 1e-2").threshold == 0.01
+    for bad in ("val accuracy = 0.5", "val accuracy >= x", "accuracy >= 0.5", "", "val acc >= inf"):
+        with pytest.raises(AnalysisError, match="--event") as err:
+            sv.parse_event(bad)
+        assert "SPLIT METRIC OP THRESHOLD" in str(err.value)
+    d = sv.event_from_declaration({"name": "groks", "split": "test", "metric": "accuracy",
+                                   "op": ">=", "threshold": 0.9}, "events[0]")  # fmt: skip
+    assert d.label == "groks: test accuracy >= 0.9"
+    with pytest.raises(AnalysisError, match=r"events\[1\].*analysis\(\) declaration"):
+        sv.event_from_declaration({"split": "val", "metric": "accuracy", "op": "=="}, "events[1]")
+
+
+def test_reached_never_counts_nan() -> None:
+    e = sv.Event("val", "loss", "<=", 1.0)
+    assert e.reached([0.5, 1.0, 2.0, np.nan]).tolist() == [True, True, False, False]
+
+
+def _greenwood_loglog(s: float, terms: list[tuple[int, int]], z: float) -> tuple[float, float]:
+    """The log-log band at S = s from the (n at risk, d events) of every event time so far."""
+    v = sum(d / (n * (n - d)) for n, d in terms) / math.log(s) ** 2
+    return s ** math.exp(z * math.sqrt(v)), s ** math.exp(-z * math.sqrt(v))
+
+
+def test_kaplan_meier_by_hand() -> None:
+    # events at 2, 3, 3, 5; censored at 4 and 6 (6 runs)
+    km = sv.kaplan_meier([2, 3, 3, 5, 4, 6], [1, 1, 1, 1, 0, 0])
+    assert km["time"].tolist() == [2, 3, 4, 5, 6]
+    assert km["at_risk"].tolist() == [6, 5, 3, 2, 1]
+    assert km["events"].tolist() == [1, 2, 0, 1, 0]
+    assert km["censored"].tolist() == [0, 0, 1, 0, 1]
+    # S(2) = 5/6; S(3) = 5/6 * 3/5 = 1/2; S(4) = 1/2; S(5) = 1/2 * 1/2 = 1/4; S(6) = 1/4
+    assert km["survival"].tolist() == pytest.approx([5 / 6, 1 / 2, 1 / 2, 1 / 4, 1 / 4])
+    z = sps.norm.ppf(0.975)
+    lo2, hi2 = _greenwood_loglog(5 / 6, [(6, 1)], z)
+    lo5, hi5 = _greenwood_loglog(1 / 4, [(6, 1), (5, 2), (2, 1)], z)
+    assert (km["low"][0], km["high"][0]) == pytest.approx((lo2, hi2), rel=1e-9)
+    assert (km["low"][3], km["high"][3]) == pytest.approx((lo5, hi5), rel=1e-9)
+    # median: first S <= 0.5 -> 3; the lower band is under 0.5 from 2 on (0.27); the upper
+    # band never gets there (0.97, 0.80, 0.80, 0.65, 0.65): no upper limit
+    assert km["low"][0] < 0.5 and (km["high"] > 0.5).all()
+    assert sv.median_time(km) == (3.0, 2.0, None)
+    assert sv.reached_by(km, 1) == (0.0, 0.0, 0.0)
+    r, lo, hi = sv.reached_by(km, 5.5)
+    assert r == pytest.approx(0.75) and (lo, hi) == pytest.approx((1 - hi5, 1 - lo5))
+
+
+def test_kaplan_meier_without_censoring_is_one_minus_the_ecdf() -> None:
+    t = [1, 2, 2, 4]
+    km = sv.kaplan_meier(t, [True] * 4)
+    assert km["survival"].tolist() == pytest.approx([3 / 4, 1 / 4, 0.0])
+    assert sv.median_time(km)[0] == 2.0
+    # at S = 0 the log-log band is undefined: 0 below; above, the exact upper bound of 0
+    # survivors of 4 runs (uncensored: 1 at risk / S(t-) = 1/4): 1 - 0.025 ** (1/4) = 0.6024
+    assert km["low"].iloc[-1] == 0.0
+    assert km["high"].iloc[-1] == pytest.approx(1 - 0.025**0.25)
+    # all 12 runs reached by 3: as 12 of 12 successes, at least 73.5% (Clopper-Pearson)
+    km = sv.kaplan_meier([2, 2, *[3] * 10], [True] * 12)
+    assert 1 - km["high"].iloc[-1] == pytest.approx(
+        sps.binomtest(12, 12).proportion_ci(method="exact").low
+    )
+    assert sv.median_time(km) == (3.0, 2.0, 3.0)
+
+
+def test_all_censored_has_no_median_and_reaches_nothing() -> None:
+    km = sv.kaplan_meier([3, 5], [False, False])
+    assert km["survival"].tolist() == [1.0, 1.0] and km["low"].tolist() == [1.0, 1.0]
+    assert sv.median_time(km) == (None, None, None)
+    assert sv.reached_by(km, 5) == (0.0, 0.0, 0.0)
+
+
+def test_cumulative_incidence_by_hand() -> None:
+    # (time, code): (1, event) (2, diverged) (3, event) (3, censored) (4, event)
+    cif = sv.cumulative_incidence([1, 2, 3, 3, 4], [1, 2, 1, 0, 1])
+    # t=1: n=5, F1 = 1/5, S = 4/5; t=2: n=4, F2 = 4/5 * 1/4 = 1/5, S = 3/5
+    # t=3: n=3, F1 = 1/5 + 3/5 * 1/3 = 2/5, S = 2/5; t=4: n=1, F1 = 2/5 + 2/5 = 4/5
+    assert cif["at_risk"].tolist() == [5, 4, 3, 1]
+    assert cif["cif_event"].tolist() == pytest.approx([0.2, 0.2, 0.4, 0.8])
+    assert cif["cif_competing"].tolist() == pytest.approx([0.0, 0.2, 0.2, 0.2])
+    # without a competing outcome it is 1 - KM
+    km = sv.kaplan_meier([2, 3, 3, 5, 4, 6], [1, 1, 1, 1, 0, 0])
+    plain = sv.cumulative_incidence([2, 3, 3, 5, 4, 6], [1, 1, 1, 1, 0, 0])
+    assert plain["cif_event"].tolist() == pytest.approx((1 - km["survival"]).tolist())
+
+
+def _runs() -> tuple[pd.DataFrame, pd.DataFrame]:
+    curve = {  # seed -> values at epochs 1, 2, ...
+        0: [0.0, 0.3, 0.6, 0.9],  # event at 3
+        1: [0.0, 0.0, 0.0, 0.0],  # never, ran to its budget 4: censored (budget)
+        2: [0.0, 0.2],  # never, stopped at 2 with early stopping: informative censoring
+        3: [0.1, np.nan],  # diverged at 2 before the event: competing
+        4: [0.7],  # diverged later, but reached the event first: an event at 1
+        6: [0.1, 0.2],  # unknown budget (the trial's longest run: 4), no early stop: stopped
+    }
+    curves = pd.DataFrame(
+        [("t", s, e + 1, v) for s, vals in curve.items() for e, v in enumerate(vals)],
+        columns=["trial_id", "seed", "time", "value"],
+    )
+    runs = pd.DataFrame({
+        "point": "a", "trial_id": "t", "seed": [0, 1, 2, 3, 4, 5, 6],
+        "status": ["ok", "not_learned", "ok", "diverged", "diverged", "ok", None],
+        "budget": [4, 4, 4, 4, 4, 4, np.nan],
+        "early_stop": [True, True, True, True, True, True, False],
+    })  # fmt: skip
+    return curves, runs
+
+
+def test_run_outcomes_by_kind() -> None:
+    curves, runs = _runs()
+    out = sv.run_outcomes(curves, runs, sv.parse_event("val accuracy >= 0.5"))
+    got = {r.seed: (r.outcome, r.time) for r in out.itertuples()}
+    assert got == {
+        0: ("event", 3),
+        1: ("budget", 4),
+        2: ("early_stop", 2),
+        3: ("diverged", 2),
+        4: ("event", 1),
+        6: ("stopped", 2),
+    }  # fmt: skip  (seed 5: no curve, left out)
+    assert out.set_index("seed").loc[6, "budget"] == 4
+
+
+def test_event_summary_by_hand() -> None:
+    curves, runs = _runs()
+    out = sv.run_outcomes(curves, runs, sv.parse_event("val accuracy >= 0.5"))
+    summary, km = sv.event_summary(out)
+    s = summary.iloc[0]
+    assert (s["runs"], s["events"], s["censored_budget"], s["censored_early_stop"],
+            s["censored_other"], s["diverged"]) == (6, 2, 1, 1, 1, 1)  # fmt: skip
+    # KM without the diverged run: 1 (event), 2 (censored x2), 3 (event), 4 (censored)
+    # S(1) = 4/5, S(3) = 4/5 * 1/2 = 2/5: median 3, reached by the budget 4: 3/5
+    assert km["survival"].tolist() == pytest.approx([0.8, 0.8, 0.4, 0.4])
+    assert s["median"] == 3 and s["reached"] == pytest.approx(0.6)
+    # Aalen-Johansen over all six: F1(1) = 1/6, S = 5/6; t=2: n=5, one divergence, S = 2/3;
+    # t=3: n=2, F1 = 1/6 + 2/3 * 1/2 = 1/2
+    assert s["reached_all"] == pytest.approx(0.5)
+    assert km["reached_all"].tolist() == pytest.approx([1 / 6, 1 / 6, 0.5, 0.5])
+    assert s["warn"] == "n<10"

@@ -1,0 +1,297 @@
+"""Seq2seq input feeding (Luong et al. 2015, sec. 3.3; OpenNMT-py's ``-input_feed 1``).
+
+The reference implementation is checked against a small implementation written here: one
+example at a time, no padding, no packing, plain ``nn`` modules holding the member's
+weights, the decoder stepped by hand with ``[emb(y_{t-1}); h~_{t-1}]`` as its input and the
+dropout masks drawn as the protocol in ``trainables/models/seq2seq/layout.py`` says. In
+float64 both must give the same logits, losses, gradients and greedy outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+from tests_support import TINY_STUDY
+
+from study.config import parse
+from study.plan import plan_units
+from study.runner import check_bundles
+from trainables.data import BOS, EOS, SeqPairs, Vocab
+from trainables.errors import ConfigError
+from trainables.models.base import MemberNoise
+from trainables.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from trainables.models.seq2seq.reference import ReferenceEngine
+from trainables.seeding import torch_generator
+
+N_SRC, N_TGT, MAX_SRC = 7, 14, 6
+VARIANTS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "bi2": {"bidirectional": True, "layers": 2},
+    "tgt_emb_reversed": {"tgt_emb_size": 3, "reverse_source": True},
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(torch_threads: None) -> Iterator[None]:
+    yield
+
+
+def make_meta(n_tgt: int = N_TGT, steps: Any = None) -> dict[str, Any]:
+    return {
+        "src_vocab": Vocab.build([f"s{i}" for i in range(N_SRC)]),
+        "tgt_vocab": Vocab.build([f"t{i}" for i in range(n_tgt)]),
+        "max_src_len": MAX_SRC,
+        "max_tgt_len": 2 * MAX_SRC,
+        "decode_len": steps or (lambda lengths: 2 * np.asarray(lengths) + 1),
+    }
+
+
+def pairs(n: int, seed: int) -> SeqPairs:
+    """Source symbol s becomes the target tokens 2s, 2s + 1 (lengths 1..MAX_SRC)."""
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(3, 3 + N_SRC, rng.integers(1, MAX_SRC + 1)) for _ in range(n)]
+    tgt = [np.stack([2 * (s - 3) + 3, 2 * (s - 3) + 4], 1).ravel() for s in src]
+    return SeqPairs(src=src, tgt=tgt, ids=np.arange(n))
+
+
+def feeding_model(seed: int = 3, **cfg: Any) -> Seq2Seq:
+    config = Seq2SeqConfig(
+        **{"emb_size": 6, "hidden_size": 5, "init_range": 0.6, "input_feeding": True, **cfg}
+    )
+    m = Seq2Seq(config, make_meta(), 1)
+    m.init_member(0, torch_generator(seed))
+    return m.double()
+
+
+# --- the independent implementation ---------------------------------------------------------
+
+
+class Plain:
+    """Input-feeding seq2seq for ONE example with plain modules (see the module doc)."""
+
+    def __init__(
+        self, m: Seq2Seq, dropout_seed: int | None, rows: list[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        self.cfg = m.cfg
+        self.mods = m.reference_modules(0).double()
+        self.masks: dict[str, list[torch.Tensor]] | None = None
+        if (
+            dropout_seed is not None
+        ):  # the protocol: per member, src, tgt emb, h~; (example, time) rows
+            g = torch_generator(dropout_seed)
+            keep = 1.0 - self.cfg.dropout
+            n_src = sum(len(s) for s, _ in rows)
+            n_tgt = sum(len(t) + 1 for _, t in rows)
+            e_tgt = self.cfg.tgt_emb_size or self.cfg.emb_size
+            h_dec = self.cfg.hidden_size * (2 if self.cfg.bidirectional else 1)
+            drawn = [
+                torch.rand((n, f), generator=g)
+                for n, f in ((n_src, self.cfg.emb_size), (n_tgt, e_tgt), (n_tgt, h_dec))
+            ]
+            drawn = [
+                (u < keep).float().mul_(1.0 / keep).double() for u in drawn
+            ]  # float32 as drawn
+            src_cut = np.cumsum([0] + [len(s) for s, _ in rows])
+            tgt_cut = np.cumsum([0] + [len(t) + 1 for _, t in rows])
+            self.masks = {
+                "src": [drawn[0][a:b] for a, b in itertools.pairwise(src_cut)],
+                "tgt": [drawn[1][a:b] for a, b in itertools.pairwise(tgt_cut)],
+                "u": [drawn[2][a:b] for a, b in itertools.pairwise(tgt_cut)],
+            }
+
+    def encode(
+        self, src: np.ndarray, j: int
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        ids = torch.as_tensor(src[::-1].copy() if self.cfg.reverse_source else src)
+        x = self.mods["src_emb"](ids)
+        if self.masks is not None:
+            x = x * self.masks["src"][j]
+        enc, (h, c) = self.mods["encoder"](x[None])  # unpadded: the final state is its own
+        dirs, layers = (2 if self.cfg.bidirectional else 1), self.cfg.layers
+        h = h.view(layers, dirs, 1, -1).permute(0, 2, 1, 3).reshape(layers, 1, -1)
+        c = c.view(layers, dirs, 1, -1).permute(0, 2, 1, 3).reshape(layers, 1, -1)
+        return enc[0], (h, c)
+
+    def step(
+        self, enc: torch.Tensor, state: Any, prev: int, feed: torch.Tensor, j: int | None, t: int
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One decoder step -> (logits (V,), h~ fed to the next step (Hd,), state)."""
+        y = self.mods["tgt_emb"](torch.tensor(prev))
+        if self.masks is not None and j is not None:
+            y = y * self.masks["tgt"][j][t]
+        out, state = self.mods["decoder"](torch.cat([y, feed])[None, None], state)
+        h = out[0, 0]
+        weights = torch.softmax(self.mods["attn"](enc) @ h, 0)  # (S,)
+        u = torch.tanh(self.mods["combine"](torch.cat([weights @ enc, h])))
+        if self.masks is not None and j is not None:
+            u = u * self.masks["u"][j][t]
+        return self.mods["out"](u), u, state
+
+    def teacher_forced(self, src: np.ndarray, tgt: np.ndarray, j: int) -> torch.Tensor:
+        """Logits (len(tgt) + 1, V) of ``BOS tgt`` predicting ``tgt EOS``."""
+        enc, state = self.encode(src, j)
+        feed = torch.zeros(self.mods["combine"].out_features, dtype=torch.float64)
+        logits = []
+        for t, prev in enumerate([BOS, *tgt.tolist()]):
+            z, feed, state = self.step(enc, state, prev, feed, j, t)
+            logits.append(z)
+        return torch.stack(logits)
+
+    def greedy(self, src: np.ndarray, steps: int) -> list[int]:
+        with torch.no_grad():
+            enc, state = self.encode(src, 0)
+            feed = torch.zeros(self.mods["combine"].out_features, dtype=torch.float64)
+            prev, out = BOS, []
+            for t in range(steps):
+                z, feed, state = self.step(enc, state, prev, feed, None, t)
+                prev = int(z.argmax())
+                out.append(prev)
+        return out
+
+
+# --- the reference implementation vs the plain one ------------------------------------------
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dropout_seed", [None, 42])
+def test_logits_losses_and_gradients_equal_the_plain_implementation(
+    variant: str, dropout_seed: int | None
+) -> None:
+    data = pairs(12, seed=1)
+    m = feeding_model(**VARIANTS[variant])
+    assert isinstance(m.engine, ReferenceEngine) and m.cfg.impl == "reference"
+    rows = m.train_layout(data, [np.arange(8)])[0]  # lengths 1-6: a padded batch
+    assert len({len(data.src[i]) for i in rows}) > 2
+    batch = m.make_batch(data, [rows], torch.device("cpu"))
+    noise = MemberNoise([dropout_seed]) if dropout_seed is not None else None
+    params = dict(m.named_parameters())
+    logits = m.engine.logits(params, batch, noise)  # (B, T, V)
+    again = MemberNoise([dropout_seed]) if dropout_seed is not None else None  # the same masks
+    m.loss(batch, again, "sum").sum().backward()
+
+    plain = Plain(m, dropout_seed, [(data.src[i], data.tgt[i]) for i in rows])
+    total = torch.zeros((), dtype=torch.float64)
+    for j, r in enumerate(rows):
+        mine = plain.teacher_forced(data.src[r], data.tgt[r], j)
+        n = len(mine)
+        assert torch.allclose(logits[j, :n], mine, rtol=0, atol=1e-12), j
+        gold = torch.as_tensor([*data.tgt[r].tolist(), EOS])
+        total = total + F.cross_entropy(mine, gold, reduction="sum")
+    total.backward()
+    by_module = {
+        f"{mod}_{name}": p
+        for mod, module in plain.mods.items()
+        for name, p in module.named_parameters()
+    }
+    assert by_module.keys() == params.keys()
+    for name, p in params.items():
+        assert p.grad is not None and by_module[name].grad is not None, name
+        assert torch.allclose(p.grad[0], by_module[name].grad, rtol=1e-10, atol=1e-13), name
+    assert float(params["decoder_weight_ih_l0"].grad[0, :, -1].abs().max()) > 1e-6  # h~ really fed
+    if dropout_seed is not None:  # dropout is really on (and the plain run fed the dropped h~)
+        with torch.no_grad():
+            assert float((m.engine.logits(params, batch, None) - logits).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_decoding_equals_the_plain_implementation(variant: str) -> None:
+    data = pairs(16, seed=5)
+    m = feeding_model(seed=7, **VARIANTS[variant])
+    rows = np.argsort([len(s) for s in data.src], kind="stable")
+    batch = m.make_batch(data, [rows], torch.device("cpu"))
+    preds = m.predict(batch)[0]
+    metrics, preds_again = m.evaluate_batch(batch)
+    plain = Plain(m, None, [])
+    for j, r in enumerate(rows):
+        assert preds[j].tolist() == plain.greedy(data.src[r], len(preds[j])), j
+        assert np.array_equal(preds[j], preds_again[0][j])
+    assert len({tuple(p) for p in preds}) > 3  # predictions really vary
+    with torch.no_grad():
+        assert torch.allclose(metrics["loss"], m.example_losses(batch))
+
+
+def test_beam_search_is_exact_when_the_beam_holds_every_prefix() -> None:
+    """Width V^2 over 3 steps finds the best sequence; the fed-back h~ follows each
+    hypothesis when the beam reorders (checked exhaustively with the plain implementation)."""
+    meta = make_meta(n_tgt=3, steps=lambda lengths: np.full(len(lengths), 3))
+    v = len(meta["tgt_vocab"])
+    cfg = Seq2SeqConfig(
+        emb_size=6, hidden_size=5, init_range=1.0, input_feeding=True, beam_width=v * v
+    )
+    m = Seq2Seq(cfg, meta, 1)
+    m.init_member(0, torch_generator(3))
+    m = m.double()
+    data = pairs(3, seed=6)
+    beam = m.predict(m.make_batch(data, [np.arange(3)], torch.device("cpu")))[0]
+    plain = Plain(m, None, [])
+    seqs = [
+        s
+        for s in itertools.product(range(v), repeat=3)
+        if EOS not in s or all(x == EOS for x in s[s.index(EOS) :])
+    ]
+    for b in range(3):
+        scores = []
+        with torch.no_grad():
+            enc, state0 = plain.encode(data.src[b], 0)
+            for seq in seqs:
+                feed = torch.zeros(plain.mods["combine"].out_features, dtype=torch.float64)
+                state, prev, score, alive = state0, BOS, 0.0, True
+                for t, tok in enumerate(seq):
+                    z, feed, state = plain.step(enc, state, prev, feed, None, t)
+                    score += float(F.log_softmax(z, 0)[tok]) if alive else 0.0
+                    alive &= tok != EOS
+                    prev = tok
+                scores.append(score)
+        assert beam[b].tolist() == list(seqs[int(np.argmax(scores))]), b
+
+
+# --- config, identity, bundles ----------------------------------------------------------------
+
+
+def test_input_feeding_picks_the_reference_and_refuses_what_cannot_feed() -> None:
+    assert Seq2SeqConfig(input_feeding=True).impl == "reference"
+    assert Seq2SeqConfig(input_feeding=True, impl="reference").impl == "reference"
+    assert Seq2SeqConfig(input_feeding=False).impl == "fast"
+    assert Seq2SeqConfig().input_feeding is False
+    with pytest.raises(ValidationError, match="impl: reference"):
+        Seq2SeqConfig(input_feeding=True, impl="fast")
+    with pytest.raises(ValidationError, match="attention: bilinear"):
+        Seq2SeqConfig(input_feeding=True, attention="none")
+    m = feeding_model()
+    with pytest.raises(ConfigError) as info:
+        m.to_impl("fast", 0)  # a copy that skips validation is still refused
+    assert info.value.field == "model.input_feeding"
+    with pytest.raises(ConfigError) as info:
+        Seq2Seq(Seq2SeqConfig(input_feeding=True), make_meta(), 2)
+    assert info.value.field == "model.impl"
+    # the decoder's layer 0 reads [emb; h~]
+    assert m.decoder_weight_ih_l0.shape == (1, 4 * 5, 6 + 5)
+
+
+def test_study_files_keep_their_ids_and_a_feeding_study_trains_one_seed_per_bundle(
+    tmp_path: Path,
+) -> None:
+    plain = parse(TINY_STUDY)
+    stated = parse(
+        {**TINY_STUDY, "model": {**TINY_STUDY["model"], "input_feeding": False, "init": "uniform"}}
+    )
+    assert stated.points[0].trial_id == plain.points[0].trial_id
+    model = {**TINY_STUDY["model"], "input_feeding": True}
+    fed = parse({**TINY_STUDY, "model": model, "execution": {"bundle_size": "auto"}})
+    assert fed.points[0].trial_id != plain.points[0].trial_id
+    assert fed.points[0].spec.model.impl == "reference"
+    units, planned, _ = plan_units(fed, tmp_path, "tiny", "cpu", 2)
+    assert planned == 3 and len(units) == 3 and all(len(u.seeds) == 1 for u in units)
+    with pytest.raises(ConfigError) as info:
+        check_bundles(parse({**TINY_STUDY, "model": model, "execution": {"bundle_size": 2}}))
+    assert info.value.field == "execution.bundle_size"
+    with pytest.raises(ConfigError, match="input_feeding"):
+        parse({**TINY_STUDY, "model": {**model, "impl": "fast"}})

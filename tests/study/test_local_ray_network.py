@@ -1,0 +1,121 @@
+"""A single-machine study's Ray listens on loopback only; its auth token file is private.
+
+The listening sockets are read from ``/proc`` (``/proc/net/tcp*`` and each process's file
+descriptors), for the processes this test started: the driver and its descendants (the GCS,
+the raylet, the workers)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from study import preflight
+from study.runner import ray_session
+
+pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _descendants(root: int) -> set[int]:
+    seen, todo = {root}, [root]
+    while todo:
+        for kid in _children(todo.pop()):
+            if kid not in seen:
+                seen.add(kid)
+                todo.append(kid)
+    return seen
+
+
+def _listening() -> dict[int, str]:
+    """Socket inode -> listening address, over TCP (v4 and v6) of this machine."""
+    found: dict[int, str] = {}
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        path = Path(f"/proc/net/{name}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split()
+            local, state, inode = cols[1], cols[3], int(cols[9])
+            if state != "0A":  # TCP_LISTEN
+                continue
+            hexip = local.split(":")[0]
+            raw = bytes.fromhex(hexip)
+            # /proc prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(words if width == 32 else raw[::-1])
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+                ip = ip.ipv4_mapped
+            found[inode] = str(ip)
+    return found
+
+
+def _sockets_of(pids: set[int]) -> list[tuple[int, str, str]]:
+    """(pid, process name, listening address) for every listening socket of ``pids``."""
+    listening = _listening()
+    out = []
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in listening:
+                    out.append((pid, comm, listening[inode]))
+    return out
+
+
+def test_local_ray_listens_on_loopback_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv(preflight.LOOPBACK_ENV, raising=False)
+    with ray_session(None, 1):
+        sockets = _sockets_of(_descendants(os.getpid()))
+    names = {comm for _, comm, _ in sockets}
+    assert {"gcs_server", "raylet"} <= names, sockets  # the check saw Ray's servers
+    exposed = [s for s in sockets if not ipaddress.ip_address(s[2]).is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    # the switch is put back: a later --address run in this process sees its real address
+    assert preflight.LOOPBACK_ENV not in os.environ
+    constants = sys.modules["ray._private.ray_constants"]
+    assert constants.ENABLE_RAY_CLUSTER is True
+    token = tmp_path / "auth_token"
+    assert token.exists() and stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert len(token.read_text()) == 64
+
+
+def test_existing_token_file_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = tmp_path / "auth_token"
+    token.write_text("ab" * 32)
+    token.chmod(0o644)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    assert preflight.private_token() == token
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert token.read_text() == "ab" * 32  # the token itself is kept
+
+
+def test_user_switch_keeps_ray_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(preflight.LOOPBACK_ENV, "1")
+    with preflight.loopback_only():
+        assert os.environ[preflight.LOOPBACK_ENV] == "1"

@@ -1,0 +1,99 @@
+"""One driver per study, through the real CLI: while ``study run`` holds a study, a second
+``study run`` of it is refused (exit 2, one line naming the holder's pid and host, nothing
+written); after the holder is SIGKILLed the lock is gone with it and the study finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from raycluster import Proc, family, send, still_alive
+
+from study.lock import LOCK_FILE
+from tests_support import TINY_STUDY
+from trainables.results import committed, table_dir
+
+SEEDS = 4
+CONFIG = {
+    **TINY_STUDY,
+    "name": "locked",
+    "task": {**TINY_STUDY["task"], "train_size": 3000},
+    "train": {**TINY_STUDY["train"], "max_epochs": 3, "selection": {"early_stop": False}},
+    "seeds": {"count": SEEDS, "root": 5},
+    "execution": {"bundle_size": 1, "report_every_s": 0.5},
+}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
+    return env | {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _study(cfg: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "1"]
+
+
+def _holder_pid(lock: Path) -> int | None:
+    try:
+        return int(json.loads(lock.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_second_driver_refused_and_lock_released_by_sigkill(tmp_path: Path) -> None:
+    cfg = tmp_path / "locked.yaml"
+    cfg.write_text(yaml.safe_dump(CONFIG))
+    out = tmp_path / "results"
+    lock = out / "locked" / LOCK_FILE
+    first = subprocess.Popen(_study(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=_env(), cwd=tmp_path, start_new_session=True)
+    seen: dict[int, Proc] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while _holder_pid(lock) != first.pid:
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first driver never took the lock"
+            time.sleep(0.1)
+        manifest = out / "locked" / "study.json"
+        while not manifest.exists():
+            assert time.monotonic() < deadline, "the first driver never wrote its manifest"
+            time.sleep(0.1)
+        manifest_before = manifest.read_bytes()
+        second = subprocess.run(_study(cfg, out), capture_output=True, text=True, env=_env(),
+                                cwd=tmp_path, timeout=120)
+        seen.update(family(first.pid))
+        assert first.poll() is None, "the first driver ended before the check"
+        assert second.returncode == 2, (second.returncode, second.stderr)
+        lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), second.stderr
+        assert f"pid {first.pid} on {socket.gethostname()}" in lines[0], lines[0]
+        assert "Fix:" in lines[0]
+        assert manifest.read_bytes() == manifest_before  # the refused driver wrote nothing
+        seen.update(family(first.pid))
+        send(seen.values(), signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            send(family(first.pid).values(), signal.SIGKILL)
+            first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    time.sleep(1)
+    assert not still_alive(seen.values())
+    again = subprocess.run(_study(cfg, out), capture_output=True, text=True, env=_env(),
+                           cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(committed(out, "locked")) == SEEDS
+    rows = [r for p in table_dir(out, "runs", "locked").glob("*.parquet")
+            for r in pq.read_table(p, columns=["trial_id", "seed"]).to_pylist()]
+    assert len(rows) == len({(r["trial_id"], r["seed"]) for r in rows}) == SEEDS
+    assert lock.read_text() == ""  # released: the holder's details are cleared
