@@ -179,6 +179,15 @@ def study_events(
 # ---------------------------------------------------------------------------- seed counts
 
 
+def compared_points(verdict: vd.Verdict) -> set[str] | None:
+    """For a tuning study, the candidates its verdict compares (winner and runner-up): seed
+    counts and the Multi-Bootstrap speak about those only; ``None`` (every config) otherwise."""
+    if verdict.design != "tune":
+        return None
+    c = verdict.comparisons
+    return set(c["better"]) | set(c["worse"]) if not c.empty else set()
+
+
 @dataclass
 class SeedCounts:
     """How many seeds: per (point, split) and per config comparison."""
@@ -212,6 +221,9 @@ def study_seed_counts(
         & (e["metric"] == metric)
         & e["split"].isin(verdict.splits)
     ]
+    shown = compared_points(verdict)
+    if shown is not None:
+        ok = ok[ok["point"].isin(shown)]
     h0, d0, how = (
         sc.default_targets(ok["value"])
         if not ok.empty
@@ -305,12 +317,20 @@ def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
 
 
 def study_multiboot(
-    ctx: StudyContext, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+    ctx: StudyContext,
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+    points: set[str] | None = None,
 ) -> pd.DataFrame:
     """The Multi-Bootstrap rows of :data:`MULTIBOOT_COLUMNS`: every pair of configs on each
     test split (up to :data:`analysis.verdict.MAX_ALL_PAIRS` configs, else each against the
-    best) and every pair of test splits of each config, the higher mean first."""
+    best) and every pair of test splits of each config, the higher mean first. ``points``:
+    only these configs (all when ``None``)."""
     tables = prediction_tables(ctx, ctx.test_splits)
+    if points is not None:
+        tables = {k: v for k, v in tables.items() if k[0] in points}
     seeds = _seed_values(ctx)
     varied = [p for p, s in seeds.items() if len({v[3] for v in s.values()}) > 1]
     if varied:
@@ -406,7 +426,8 @@ def study_questions(
     """All three sections of an open study (``events``: from :func:`resolve_events`)."""
     evs = study_events(ctx, events)
     counts = study_seed_counts(ctx, verdict, half_width=half_width, difference=difference)
-    return Questions(evs, counts, study_multiboot(ctx, n_boot=n_boot, seed=seed), n_boot)
+    boot = study_multiboot(ctx, n_boot=n_boot, seed=seed, points=compared_points(verdict))
+    return Questions(evs, counts, boot, n_boot)
 
 
 def _ci(a: float, lo: float, hi: float, digits: str = ".3g") -> str:

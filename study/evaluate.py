@@ -119,9 +119,10 @@ def _evaluate(cfg: StudyConfig, out: Path, name: str, requested: tuple[str, ...]
     summary.without_weights = len(runs) - len(kept_rows)
     if not kept_rows:
         raise StudyStateError(
-            f"study {name!r} kept no weights: its {len(runs)} committed runs ran with "
-            "execution.keep_weights: false (or before fineline kept weights), so there is nothing "
-            "to evaluate. Fix: train it again under a new name with execution.keep_weights: true "
+            f"study {name!r} kept no weights: none of its {len(runs)} committed runs has any "
+            "(they ran with execution.keep_weights: false, before fineline kept weights, or "
+            "diverged before any selection), so there is nothing to evaluate. Fix: train it "
+            "again under a new name with execution.keep_weights: true "
             f"(the default), `study run CONFIG --name NEW --out {out}`, then `study eval NEW --out {out}`"
         )
     kept = [_load(out, key, r) for key, r in sorted(kept_rows.items())]

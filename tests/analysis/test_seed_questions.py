@@ -134,3 +134,15 @@ def test_symbol_rewriting_declares_when_it_learns() -> None:
     e = event_from_declaration(decl, "events[0]")
     assert e.label == "learns: val accuracy >= 0.5"
     assert task.split_roles()[e.split] == "val" and e.metric == task.primary_metric
+
+
+def test_tuning_study_speaks_about_winner_and_runner_up(tmp_path: Path) -> None:
+    points = [{"train.lr": 0.01 * i} for i in range(1, 7)]
+    write_demo_study(tmp_path, "tune", n_seeds=3, points=points, kind="tune", seed=24)
+    doc = json.loads(analyze(tmp_path, "tune", "json", n_boot=200))
+    first = doc["verdict"]["comparisons"][0]
+    pair = {first["better"], first["worse"]}
+    assert {r["point"] for r in doc["seed_counts"]["estimate"]} == pair
+    rows = doc["multi_bootstrap"]["rows"]
+    assert rows and {r["a"] for r in rows if r["kind"] == "configs"} <= pair
+    assert {r["where"] for r in rows if r["kind"] == "splits"} == pair

@@ -197,6 +197,16 @@ def test_a_split_added_then_changed_in_code_is_evaluated_without_retraining(tmp_
     assert len(old_hash) == len(new_hash) == 1 and old_hash != new_hash
     assert query(out, "SELECT count(*), count(DISTINCT (seed, metric)) FROM evals WHERE split = 'far'") == [(6, 6)]
     assert query(out, "SELECT count(*) FROM predictions WHERE split = 'far'") == [(3 * 64,)]
+    # a plain DuckDB over the files (analysis.db.outside_views_sql) shows the same rows
+    import duckdb
+
+    from analysis.db import outside_views_sql
+
+    plain = duckdb.connect()
+    plain.execute(outside_views_sql(out))
+    for table in ("evals", "predictions"):
+        sql = f"SELECT trial_id, seed, split, eval_id FROM {table} ORDER BY ALL"
+        assert plain.execute(sql).fetchall() == query(out, sql), table
 
 
 def test_keep_weights_false_keeps_none_and_eval_says_so(tmp_path: Path, torch_threads: None, capsys: Any) -> None:

@@ -6,6 +6,7 @@ the raylet, the workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import stat
@@ -23,10 +24,8 @@ pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="need
 def _children(pid: int) -> list[int]:
     kids: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             kids += [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return kids
 
 

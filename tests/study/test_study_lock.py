@@ -18,9 +18,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 from raycluster import Proc, family, send, still_alive
+from tests_support import TINY_STUDY
 
 from study.lock import LOCK_FILE
-from tests_support import TINY_STUDY
 from trainables.results import committed, table_dir
 
 SEEDS = 4
