@@ -113,6 +113,13 @@ class ProgressCallback(Callback):
             self.running.pop(trial.trial_id, None)
         self._show()
 
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        """Every turn of Tune's loop (a few per second): the heartbeat is due by the clock,
+        not only when a bundle reports (a bundle's round can take minutes)."""
+        now = time.monotonic()
+        if self.emit is not None and now - self.last_line >= self.every_s:
+            self._line(f"{self.summary()} ({_clock(now - self.started)})")
+
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.running.pop(trial.trial_id, None)
         self._show()

@@ -46,3 +46,26 @@ def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next
     assert beats, f"no heartbeat line in:\n{text}"
     assert lines[-1].startswith("study logged: 4/4 runs committed") and "Next: study analyze logged" in lines[-1]
     assert "━" not in text and "\x1b[" not in text, "no terminal bar or escape codes in a log"
+
+
+def test_heartbeats_keep_coming_while_a_bundle_reports_rarely(tmp_path: Path) -> None:
+    """A bundle whose results come rarely (a long round, or a large report_every_s) still
+    gets heartbeat lines by the clock, before its first seed commits."""
+    slow = {**STUDY, "name": "quiet", "grid": {}, "seeds": {"count": 1},
+            "train": {**STUDY["train"], "max_steps": 1500, "eval_every_steps": 1500},
+            "execution": {"bundle_size": 1, "progress_every_s": 0.3, "report_every_s": 600}}
+    del slow["grid"]
+    cfg = tmp_path / "quiet.yaml"
+    cfg.write_text(yaml.safe_dump(slow))
+    out, log = tmp_path / "results", tmp_path / "study.log"
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV")}
+    with log.open("w") as fh:
+        rc = subprocess.run(
+            [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "1"],
+            stdout=fh, stderr=subprocess.STDOUT, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300,
+        ).returncode
+    lines = log.read_text().splitlines()
+    assert rc == 0, lines[-20:]
+    first_commit = next(i for i, ln in enumerate(lines) if "committed: ok" in ln)
+    beats = [ln for ln in lines[:first_commit] if re.match(r"study quiet: 0/1 seeds committed.*\(\d+:\d\d:\d\d\)$", ln)]
+    assert len(beats) >= 2, "\n".join(lines)

@@ -55,12 +55,11 @@ than this eager cell (K=1 and K=4, interleaved A/B), and its guards (input alias
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
 
-from trainables.models.ckernels import CpuKernels, ptr, ptr_or_none, usable
+from trainables.models.ckernels import CpuKernels, KernelChoice, applicable
 
 CHUNK_FLOATS = 65536
 """Backward gate derivatives are computed for chunks of about this many gate values."""
@@ -84,14 +83,15 @@ def prepare_gates(w: torch.Tensor, hidden: int) -> torch.Tensor:
 
 
 class LSTMSequence(torch.autograd.Function):
-    """One bundled LSTM layer over T steps: (x, w_ih, w_hh, h0, c0, active, bias) -> (hs, cs).
+    """One bundled LSTM layer over T steps: (x, w_ih, w_hh, h0, c0, active, bias, kern) -> (hs, cs).
 
     x (K, T, B, E) the layer's inputs; w_ih (K, 4H, E) and w_hh (K, 4H, H) in our gate
     order (:func:`prepare_gates`); bias (K, 1, 4H) both biases summed, or None; h0, c0
     (K, B, H). Returns every step's hidden and cell state (K, T, B, H) (cs so callers can
     take each sequence's own last cell state). ``active`` (T ints; None or empty: all
     rows): rows each step must compute, a prefix; the compiled path skips the rest (see
-    the module doc), the torch-ops path computes all. Per-step views are made once with
+    the module doc), the torch-ops path computes all. ``kern``: the model's kernels (None:
+    torch ops; :func:`~trainables.models.ckernels.applicable`). Per-step views are made once with
     ``unbind`` (slicing inside the loop costs as much as the arithmetic at these sizes).
     """
 
@@ -105,12 +105,13 @@ class LSTMSequence(torch.autograd.Function):
         c0: torch.Tensor,
         active: tuple[int, ...] | None = None,
         bias: torch.Tensor | None = None,
+        kern: KernelChoice = "default",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        kern = usable(x, w_hh.shape[-1])
+        fused = applicable(kern, x, w_hh.shape[-1])
         ctx.active = active
         ctx.has_bias = bias is not None
-        if kern is not None:
-            return _fused_forward(ctx, kern, x, w_ih, w_hh, h0, c0, active, bias)
+        if fused is not None:
+            return _fused_forward(ctx, fused, x, w_ih, w_hh, h0, c0, active, bias)
         ctx.fused = None
         k, t_len, b, e = x.shape
         xp = torch.bmm(x.reshape(k, t_len * b, e), w_ih.transpose(1, 2)).view(k, t_len, b, -1)
@@ -179,7 +180,7 @@ class LSTMSequence(torch.autograd.Function):
         d_flat = d_gates.view(k, t_len * b, g4)
         dx = torch.bmm(d_flat, w_ih).view(x.shape)
         d_bias = d_flat.sum(1, keepdim=True) if ctx.has_bias else None
-        return dx, _d_weight(d_gates, x), _d_w_hh(d_gates, hs, h0), dh, dc, None, d_bias
+        return dx, _d_weight(d_gates, x), _d_w_hh(d_gates, hs, h0), dh, dc, None, d_bias, None
 
 
 def _d_weight(d_gates: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -195,11 +196,6 @@ def _d_weight(d_gates: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
 def _d_w_hh(d_gates: torch.Tensor, hs: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
     """dW_hh (K, 4H, H): :func:`_d_weight` over the states each step started from."""
     return _d_weight(d_gates, torch.cat([h0.unsqueeze(1), hs[:, :-1]], 1))
-
-
-def _rows(active: tuple[int, ...] | None) -> Any:
-    """``active`` as a C int array for the kernels (None: every row)."""
-    return (ctypes.c_int * len(active))(*active) if active else None
 
 
 def _fused_forward(
@@ -227,8 +223,7 @@ def _fused_forward(
     act = x.new_empty(k, t_len, b, g4)  # gate activations o, i, f, g (of live rows)
     hs = x.new_empty(k, t_len, b, hid)  # the kernel writes 0 past the live rows
     cs, tcs = torch.empty_like(hs), torch.empty_like(hs)  # cell states, tanh(c) (live rows)
-    kern.fwd_seq(k, t_len, b, hid, e, ptr(x), ptr(w_ih_t), ptr_or_none(b_c), ptr(w_hh_t), ptr(h0),
-                 ptr(c0), _rows(active), ptr(act), ptr(cs), ptr(tcs), ptr(hs))
+    kern.fwd_seq(x, w_ih_t, b_c, w_hh_t, h0, c0, active, act, cs, tcs, hs)
     ctx.fused = kern
     ctx.save_for_backward(x, act, hs, cs, tcs, h0, c0, w_ih, w_hh)
     ctx.set_materialize_grads(False)
@@ -254,11 +249,9 @@ def _fused_backward(
     dh, dc = hs.new_empty(k, b, hid), hs.new_empty(k, b, hid)
     d_bias = act.new_empty(k, 1, g4) if ctx.has_bias else None
     dw_ih, dw_hh = torch.empty_like(w_ih_c), torch.empty_like(w_hh_c)
-    kern.bwd_seq(k, t_len, b, hid, e, ptr(x), ptr(h0), ptr(hs), ptr(w_ih_c), ptr(w_hh_c),
-                 ptr_or_none(dhs_c), ptr_or_none(dcs_c), ptr(act), ptr(cs), ptr(tcs), ptr(c0),
-                 _rows(ctx.active), ptr(d_gates), ptr(dx), ptr(dh), ptr(dc), ptr(dw_ih),
-                 ptr(dw_hh), ptr_or_none(d_bias))
-    return dx, dw_ih, dw_hh, dh, dc, None, d_bias
+    kern.bwd_seq(x, h0, hs, w_ih_c, w_hh_c, dhs_c, dcs_c, act, cs, tcs, c0, ctx.active,
+                 d_gates, dx, dh, dc, dw_ih, dw_hh, d_bias)
+    return dx, dw_ih, dw_hh, dh, dc, None, d_bias, None
 
 
 def _gate_derivatives(
@@ -298,19 +291,18 @@ def cell_step_eval(
     c2_out: torch.Tensor,
     tc: torch.Tensor,
     h_out: torch.Tensor,
+    kern: KernelChoice = "default",
 ) -> None:
     """One LSTM update without ``tanh`` (see :func:`lstm_sequence_eval`): pre-activations z2
     (K, B, 4H) with the g block doubled and the doubled cell c2 (K, B, H), written into ``s``
     (scratch, gate sigmoids), ``c2_out`` (the new doubled cell), ``tc`` (scratch) and
-    ``h_out``. On a CPU, where each tensor is K contiguous (B, .) blocks, one call of the
-    compiled C step (``s`` and ``tc`` unused)."""
+    ``h_out``. With the kernels (``kern``) on a CPU, where each tensor is K contiguous (B, .)
+    blocks, one call of the compiled C step (``s`` and ``tc`` unused)."""
     hid = c2.shape[-1]
-    kern = usable(z2, hid)
+    fused = applicable(kern, z2, hid)
     blocks = _member_blocks(z2, c2, c2_out, h_out) and c2_out.stride(0) == h_out.stride(0)
-    if kern is not None and blocks:
-        k, b, _ = z2.shape
-        kern.eval_step(k, b, hid, ptr(z2), z2.stride(0), ptr(c2), c2.stride(0), ptr(c2_out),
-                       ptr(h_out), h_out.stride(0))
+    if fused is not None and blocks:
+        fused.eval_step(z2, c2, c2_out, h_out)
         return
     o, i, f, g = s[..., :hid], s[..., hid : 2 * hid], s[..., 2 * hid : 3 * hid], s[..., 3 * hid :]
     torch.sigmoid(z2, out=s)  # g block: sigmoid(2 x_g), so tanh(x_g) = 2 g - 1
@@ -330,6 +322,7 @@ def lstm_sequence_eval(
     w_hh2: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
+    kern: KernelChoice = "default",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The LSTM layer without gradients, with ``tanh(x) = 2 sigmoid(2x) - 1``: one sigmoid
     over all four gates and one over the cell, no ``tanh`` (which costs about five sigmoids
@@ -355,7 +348,7 @@ def lstm_sequence_eval(
     xps, hss, css = xp2.unbind(1), hs.unbind(1), cs2.unbind(1)
     h = h0
     for t in range(t_len):
-        cell_step_eval(torch.baddbmm(xps[t], h, w_t, out=z), c2, s, css[t], tc, hss[t])
+        cell_step_eval(torch.baddbmm(xps[t], h, w_t, out=z), c2, s, css[t], tc, hss[t], kern)
         h, c2 = hss[t], css[t]
     return hs, cs2.mul_(0.5)
 
@@ -368,7 +361,9 @@ def lstm_sequence(
     c0: torch.Tensor,
     active: tuple[int, ...] | None = None,
     bias: torch.Tensor | None = None,
+    kern: KernelChoice = "default",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Typed wrapper of :class:`LSTMSequence` (see there for shapes, ``active`` and ``bias``)."""
-    out = LSTMSequence.apply(x, w_ih, w_hh, h0, c0, active, bias)
+    """Typed wrapper of :class:`LSTMSequence` (see there for shapes, ``active``, ``bias`` and
+    ``kern``)."""
+    out = LSTMSequence.apply(x, w_ih, w_hh, h0, c0, active, bias, kern)
     return out[0], out[1]
