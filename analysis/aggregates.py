@@ -567,3 +567,7 @@ def aggregates_text(agg: StudyAggregates, text_table: TextTable) -> list[str]:
         t = r.table.loc[:, [c for c in r.table.columns if not r.table[c].isna().all()]]
         lines += ["", f"Declared aggregate ({r.decl.kind}): {r.title}", text_table(t)]
     return lines
+
+
+# more kinds, registered on import (kept in their own modules)
+from analysis import ensembles as _ensembles  # noqa: E402,F401  (extreme_sb, ensemble_auc)

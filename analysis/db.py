@@ -1,7 +1,8 @@
 """Read-only DuckDB views over a results folder, ``study sql`` and ``study ls``.
 
 :func:`connect` opens the six tables of every study under ``OUT/tables`` as views
-``trials``, ``runs``, ``metrics``, ``evals``, ``predictions`` and ``evaluations``:
+``trials``, ``runs``, ``metrics``, ``evals``, ``predictions`` and ``evaluations``, plus the
+view ``configs`` derived from them:
 
 * files are ``OUT/tables/<table>/study=<NAME>/*.parquet`` (names starting with ``.`` or
   ``_`` - temporary files of an atomic write - are skipped); a file without a ``study``
@@ -12,7 +13,20 @@
 * ``runs`` is the commit marker: ``metrics``, ``evals`` and ``predictions`` show a row
   only if its ``(study, trial_id, seed)`` has a runs row; leftovers of uncommitted work
   are invisible. Should ``runs`` hold two rows for one ``(study, trial_id, seed)``, the
-  view keeps the latest ``committed_at``. ``trials`` shows every executed unit as written;
+  view keeps the latest ``committed_at``;
+* ``trials`` has one row per executed unit (bundle), derived from committed seeds only:
+  each seed's commit writes the unit's row with its ``seed``, and the view keeps the units
+  that have committed seeds (``seeds``: those whose latest runs row names this unit;
+  ``status``: ``partial`` when one of them diverged, else ``ok``), plus tuning candidates
+  ASHA pruned (their own one-row commit, status ``pruned``, ``seeds`` empty) unless their
+  unit committed seeds later. Files of the older layout (one per unit, a ``seeds`` list)
+  count the same way, so after a crash mid-bundle and a re-run every committed seed is in
+  exactly one ``trials`` row. ``configs`` has one row per ``(study, trial_id)``: the
+  config's columns and the committed runs by status (:data:`CONFIGS_SQL`), no ``DISTINCT``
+  needed;
+* a file that cannot be read (damaged after its commit; ``study check`` finds and repairs
+  it) is left out of the views with one warning on stderr naming it, so the other studies
+  and seeds stay queryable; a left-out runs row means an uncommitted seed;
 * an ``evaluations`` row is the commit marker of a later evaluation of kept weights on one
   split (``study eval``): its ``evals`` and ``predictions`` rows (``eval_id`` set) show only
   once it exists, and then replace that (trial, seed)'s training-time rows of the split.
@@ -30,6 +44,7 @@ from __future__ import annotations
 
 import glob
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,19 +59,82 @@ import pyarrow.parquet as pq
 from analysis.errors import AnalysisError
 from analysis.formatting import check_format, format_frame, format_rows
 from analysis.manifest import load_manifest, study_names
-from analysis.schema import SCHEMAS, TABLES
+from analysis.schema import FILE_ONLY, SCHEMAS, TABLES, VIEWS
 
 READ_STATEMENTS = ("SELECT", "EXPLAIN")
 """Statement types ``run_sql`` runs (``SELECT`` covers ``FROM``, ``WITH``, ``SHOW``,
 ``DESCRIBE`` and ``SUMMARIZE``)."""
 
+RUNS_SQL = (
+    "SELECT * FROM _runs_raw QUALIFY row_number() OVER ("
+    "PARTITION BY study, trial_id, seed "
+    "ORDER BY committed_at DESC NULLS LAST, unit_id DESC NULLS LAST) = 1"
+)
+
+
+def trials_sql(source: str, runs: str) -> str:
+    """One row per executed unit of the ``trials`` rows scanned as ``source``, counting only
+    seeds committed by that unit (``runs``: the latest runs row per seed), plus the pruned
+    candidates whose unit committed nothing (see the module doc)."""
+    committed_by = "s.study = r.study AND s.trial_id = r.trial_id AND s._seed = r.seed AND s.unit_id = r.unit_id"
+    return (
+        "WITH seeded AS (SELECT t.*, unnest(CASE WHEN t.seed IS NOT NULL THEN [t.seed] "
+        f"ELSE coalesce(t.seeds, []) END) AS _seed FROM {source} AS t "
+        "WHERE t.status IS DISTINCT FROM 'pruned'), "
+        f"kept AS (SELECT s.*, r.status AS _run_status FROM seeded AS s JOIN {runs} AS r ON {committed_by} "
+        "QUALIFY row_number() OVER (PARTITION BY s.study, s.trial_id, s.unit_id, s._seed "
+        "ORDER BY s.ended_at DESC NULLS LAST) = 1), "
+        "units AS (SELECT *, list_sort(list(_seed) OVER u) AS _seeds, list(_run_status) OVER u AS _statuses "
+        "FROM kept WINDOW u AS (PARTITION BY study, trial_id, unit_id) "
+        "QUALIFY row_number() OVER (PARTITION BY study, trial_id, unit_id "
+        "ORDER BY ended_at DESC NULLS LAST, _seed) = 1) "
+        "SELECT * EXCLUDE (seed, _seed, _run_status, _seeds, _statuses) REPLACE (_seeds AS seeds, "
+        "CASE WHEN list_contains(_statuses, 'diverged') THEN 'partial' ELSE 'ok' END AS status) FROM units "
+        "UNION ALL BY NAME "
+        f"SELECT p.* EXCLUDE (seed) REPLACE ([]::BIGINT[] AS seeds) FROM {source} AS p "
+        f"WHERE p.status = 'pruned' AND NOT EXISTS (SELECT 1 FROM {runs} AS r "
+        "WHERE r.study = p.study AND r.trial_id = p.trial_id AND r.unit_id = p.unit_id)"
+    )
+
+
+UNIT_COLUMNS = (
+    "unit_id", "seeds", "seed", "status", "started_at", "ended_at", "node", "hostname",
+    "git_sha", "versions_json", "bundle_size", "device", "bundling", "kernels", "kernel_flags",
+)
+"""``trials`` columns that describe one execution (unit), not the config: ``configs`` drops them."""
+
+
+def configs_sql(trials: str, runs: str) -> str:
+    """One row per ``(study, trial_id)``: the config's columns from its latest unit in
+    ``trials`` (task, model, config_hash, config_json, point_json, flattened config columns,
+    a candidate's params and objective), ``bundles`` (units with committed seeds), ``runs``
+    (committed seeds), their count by status (``ok``, ``diverged``, ``not_learned``) and
+    ``status``: ``pruned`` (a candidate ASHA stopped, nothing committed), ``partial`` (a
+    run diverged) or ``ok``. A config whose every trials row is unreadable still has its
+    row, with its counts (config columns NULL)."""
+    drop = ", ".join(c for c in UNIT_COLUMNS if c in SCHEMAS["trials"].names)
+    return (
+        f"WITH latest AS (SELECT * FROM {trials} QUALIFY row_number() OVER (PARTITION BY study, trial_id "
+        "ORDER BY status = 'pruned', ended_at DESC NULLS LAST, unit_id) = 1), "
+        f"units AS (SELECT study, trial_id, count(*) FILTER (WHERE status <> 'pruned') AS bundles "
+        f"FROM {trials} GROUP BY ALL), "
+        "counts AS (SELECT study, trial_id, count(*) AS runs, count(*) FILTER (WHERE status = 'ok') AS ok, "
+        "count(*) FILTER (WHERE status = 'diverged') AS diverged, "
+        f"count(*) FILTER (WHERE status = 'not_learned') AS not_learned FROM {runs} GROUP BY ALL) "
+        "SELECT coalesce(l.study, c.study) AS study, coalesce(l.trial_id, c.trial_id) AS trial_id, "
+        f"l.* EXCLUDE (study, trial_id, {drop}), coalesce(u.bundles, 0) AS bundles, "
+        "coalesce(c.runs, 0) AS runs, coalesce(c.ok, 0) AS ok, coalesce(c.diverged, 0) AS diverged, "
+        "coalesce(c.not_learned, 0) AS not_learned, "
+        "CASE WHEN coalesce(c.runs, 0) = 0 AND l.status = 'pruned' THEN 'pruned' "
+        "WHEN coalesce(c.diverged, 0) > 0 THEN 'partial' ELSE 'ok' END AS status "
+        "FROM latest AS l FULL OUTER JOIN counts AS c ON l.study = c.study AND l.trial_id = c.trial_id "
+        "LEFT JOIN units AS u ON u.study = coalesce(l.study, c.study) AND u.trial_id = coalesce(l.trial_id, c.trial_id)"
+    )
+
+
 VIEW_SQL = {
-    "trials": "SELECT * FROM _trials_raw",
-    "runs": (
-        "SELECT * FROM _runs_raw QUALIFY row_number() OVER ("
-        "PARTITION BY study, trial_id, seed "
-        "ORDER BY committed_at DESC NULLS LAST, unit_id DESC NULLS LAST) = 1"
-    ),
+    "trials": trials_sql("_trials_raw", f"({RUNS_SQL})"),
+    "runs": RUNS_SQL,
 }
 VIEW_SQL["metrics"] = (
     "SELECT t.* FROM _metrics_raw AS t SEMI JOIN _runs_raw AS r "
@@ -86,6 +164,7 @@ VIEW_SQL["evaluations"] = (
     "QUALIFY row_number() OVER (PARTITION BY study, trial_id, seed, split "
     "ORDER BY evaluated_at DESC NULLS LAST) = 1"
 )
+VIEW_SQL["configs"] = configs_sql("trials", "runs")  # created after the views it reads
 
 
 def result_studies(out: Path) -> list[str]:
@@ -148,18 +227,16 @@ def _no_null_types(schema: pa.Schema) -> pa.Schema:
 
 def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset | pa.Table:
     """An Arrow dataset over ``table``'s files (an empty typed table when it has none)."""
-    files = table_files(out, table, studies)
-    if not files:
-        return SCHEMAS[table].empty_table()
-    schemas = [SCHEMAS[table]]
-    for f in files:
+    schemas = [SCHEMAS[table], *([FILE_ONLY[table]] if table in FILE_ONLY else [])]
+    files = []
+    for f in table_files(out, table, studies):
         try:
             schemas.append(pq.read_schema(f).remove_metadata())
+            files.append(f)
         except (OSError, pa.ArrowException) as e:
-            raise AnalysisError(
-                f"cannot read {f}: {e}. Move the file out of {Path(out) / 'tables'} "
-                "(or re-run that trial to rewrite it), then retry"
-            ) from e
+            _warn_damaged(out, f, e)
+    if not files:
+        return _unify(schemas).empty_table()
     schema = _no_null_types(_unify(schemas))
     # The ``study=<NAME>`` folder names the study: files that leave out the ``study``
     # column (so pandas and polars read the hive folder without a clash) get it from there.
@@ -171,6 +248,24 @@ def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset 
         format="parquet",
         partitioning=part,
         partition_base_dir=root,
+    )
+
+
+_WARNED: set[Path] = set()
+"""Damaged files already named on stderr by this process (each is named once)."""
+
+
+def _warn_damaged(out: Path, path: Path, error: Exception) -> None:
+    """One stderr line naming a file the views leave out because it cannot be read."""
+    if path in _WARNED:
+        return
+    _WARNED.add(path)
+    study = path.parent.name.removeprefix("study=")
+    why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    print(
+        f"warning: {path} cannot be read ({why}); the views leave it out. "
+        f"Fix: study check {study} --repair --out {out}",
+        file=sys.stderr,
     )
 
 
@@ -204,7 +299,7 @@ def connect(
     if not read_only:
         con = duckdb.connect(":memory:")
         _register(con, sources)
-        for t in TABLES:
+        for t in VIEWS:
             con.execute(f"CREATE VIEW {t} AS {VIEW_SQL[t]}")
         return con
     tmp = Path(tempfile.mkdtemp(prefix="fineline-sql-"))
@@ -213,7 +308,7 @@ def connect(
         build = duckdb.connect(path)
         try:
             _register(build, sources)
-            for t in TABLES:
+            for t in VIEWS:
                 build.execute(f"CREATE VIEW {t} AS {VIEW_SQL[t]}")
         finally:
             build.close()
@@ -249,7 +344,7 @@ def _check_read_only(query: str) -> str:
     if kind not in READ_STATEMENTS:
         raise AnalysisError(
             f"study sql is read-only: {kind} statements are refused. Query the views "
-            f"({', '.join(TABLES)}) with SELECT; to keep a result, use --format csv or json "
+            f"({', '.join(VIEWS)}) with SELECT; to keep a result, use --format csv or json "
             "and redirect it to a file"
         )
     return query
@@ -270,11 +365,11 @@ def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None =
         df = con.execute(query).df()
     except duckdb.PermissionException as e:
         raise AnalysisError(
-            f"study sql is read-only and reads only the views ({', '.join(TABLES)}): {e}"
+            f"study sql is read-only and reads only the views ({', '.join(VIEWS)}): {e}"
         ) from e
     except duckdb.Error as e:
         raise AnalysisError(
-            f"SQL error: {e}. The views are {', '.join(TABLES)}; "
+            f"SQL error: {e}. The views are {', '.join(VIEWS)}; "
             "try 'DESCRIBE runs' to see their columns"
         ) from e
     finally:
@@ -380,8 +475,11 @@ def outside_views_sql(out: Path | str) -> str:
 
     The same rule as :func:`connect`: ``metrics``, ``evals`` and ``predictions`` rows count
     only when their ``(study, trial_id, seed)`` has a ``runs`` row (the commit marker);
+    ``trials`` has one row per unit with committed seeds, ``configs`` one per config;
     ``runs`` keeps the latest commit per run; where ``study eval`` has written evaluations,
-    their rows count once their ``evaluations`` row exists (write the views again after it). Temporary files of an atomic write end in
+    their rows count once their ``evaluations`` row exists (write the views again after it).
+    Unlike :func:`connect`, these views do not leave out a damaged file: a query that reads
+    one fails (``study check`` names and repairs it). Temporary files of an atomic write end in
     ``.tmp`` and are not matched by ``*.parquet``. The study comes from the ``study=``
     folder (``hive_partitioning``), so files with or without a ``study`` column both read.
     """
@@ -393,10 +491,15 @@ def outside_views_sql(out: Path | str) -> str:
             "union_by_name = true)"
         )
 
+    # every documented trials column exists (the views name them), also when no file has it
+    types = {"int64": "BIGINT", "list<item: int64>": "BIGINT[]", "timestamp[us, tz=UTC]": "TIMESTAMPTZ"}
+    typed = [*SCHEMAS["trials"], *FILE_ONLY["trials"]]
+    nulls = ", ".join(f"NULL::{types.get(str(f.type), 'VARCHAR')} AS {f.name}" for f in typed)
+    trials_scan = f"(SELECT {nulls} WHERE false) UNION ALL BY NAME SELECT * FROM {scan('trials')}"
     lines = [
-        f"CREATE OR REPLACE VIEW trials AS SELECT * FROM {scan('trials')};",
         f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {scan('runs')} QUALIFY row_number() "
         "OVER (PARTITION BY study, trial_id, seed ORDER BY committed_at DESC NULLS LAST) = 1;",
+        f"CREATE OR REPLACE VIEW trials AS {trials_sql(f'({trials_scan})', 'runs')};",
     ]
     evaluated = bool(table_files(Path(out), "evaluations"))
     for t in ("metrics", "evals", "predictions") if not evaluated else ("metrics",):
@@ -408,4 +511,5 @@ def outside_views_sql(out: Path | str) -> str:
         lines.append(f"CREATE OR REPLACE VIEW evaluations AS SELECT * FROM {scan('evaluations')};")
         for t in ("evals", "predictions"):
             lines.append(f"CREATE OR REPLACE VIEW {t} AS {evaluated_rows_sql(scan(t), 'runs', 'evaluations')};")
+    lines.append(f"CREATE OR REPLACE VIEW configs AS {configs_sql('trials', 'runs')};")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,10 @@ TABLES: tuple[str, ...] = ("trials", "runs", "metrics", "evals", "predictions", 
 """The six tables, in the order the views are created (``evaluations``: later evaluations of
 kept weights, ``study eval``)."""
 
+VIEWS: tuple[str, ...] = (*TABLES, "configs")
+"""Every view a connection has: one per table, then ``configs`` (one row per config,
+``trial_id``, derived from ``trials`` and ``runs``; no files of its own)."""
+
 SEED_SOURCES: tuple[str, ...] = ("init_seed", "order_seed", "dropout_seed", "data_seed")
 """The ``runs`` columns naming each seed source."""
 
@@ -30,7 +34,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("study", pa.string()),
             ("trial_id", pa.string()),
             ("unit_id", pa.string()),
-            ("seeds", pa.list_(pa.int64())),
+            ("seeds", pa.list_(pa.int64())),  # the unit's committed seeds (files: see FILE_ONLY)
             ("task", pa.string()),
             ("model", pa.string()),
             ("config_hash", pa.string()),
@@ -46,6 +50,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("bundle_size", pa.int64()),
             ("device", pa.string()),
             ("bundling", pa.string()),  # hand (a hand-bundled family), vmap, or loop (plain modules)
+            ("kernels", pa.string()),  # c (compiled CPU kernels, trainables/models/ckernels.py) or torch
+            ("kernel_flags", pa.string()),  # the kernels' compiler flags ("" for torch ops)
         ]
     ),
     "runs": pa.schema(
@@ -65,6 +71,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("wall_s", pa.float64()),
             ("committed_at", TS),
             ("weights", pa.string()),  # kept weights, a path relative to OUT (NULL: none kept)
+            ("files", pa.string()),  # JSON: the files its commit wrote (table, path, rows, bytes, sha256)
         ]
     ),
     "metrics": pa.schema(
@@ -118,7 +125,12 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("n_examples", pa.int64()),
             ("weights", pa.string()),
             ("evaluated_at", TS),
+            ("files", pa.string()),  # JSON: the evaluation's files, as in runs
         ]
     ),
 }
 """Documented columns per table (the view's leading columns, in this order)."""
+
+FILE_ONLY: dict[str, pa.Schema] = {"trials": pa.schema([("seed", pa.int64())])}
+"""Columns of the files that their view replaces: a ``trials`` file holds the unit's row as
+one seed's commit wrote it (``seed``); the view has one row per unit (``seeds``)."""

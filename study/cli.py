@@ -1,4 +1,4 @@
-"""The ``study`` command line: run, resume, ls, status, sql, analyze, report, tune.
+"""The ``study`` command line: run, resume, ls, status, sql, analyze, report, tune, eval, check.
 
 Words, as the output and the help use them: a **config** is one resolved configuration
 (task, model, training), named by its ``trial_id`` (a hash; the Parquet column keeps that
@@ -138,15 +138,16 @@ def resume(
     import dataclasses
 
     from study import manifest
-    from study.config import parse, with_point_counts
-    from study.runner import run_study
+    from study.config import parse
+    from study.runner import recorded_study, run_study
 
     m = manifest.read(out, name)
     if m is None:
         _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
     assert m is not None
     try:
-        seeds, trials = int(m["seeds"]), int(m.get("tune_trials", 0))
+        int(m["seeds"])
+        trials = int(m.get("tune_trials", 0))
     except (TypeError, ValueError):
         raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds / tune_trials)",
                           "restore it, or re-create it with `study run CONFIG --name NAME`") from None
@@ -158,11 +159,8 @@ def resume(
         cfg = dataclasses.replace(parse(raw, None, m.get("plugin_dir")), overrides=recorded)
         run_tuning(cfg, name, out, trials, address, num_cpus)
         return
-    per_point = {str(p["trial_id"]): int(p["seeds"]) for p in m.get("points") or [] if "trial_id" in p}
-    raw = manifest.recorded_config(m)
-    cfg = with_point_counts(parse(raw, None if per_point else seeds, m.get("plugin_dir")), per_point)
-    cfg = dataclasses.replace(cfg, overrides=recorded)
-    counts = run_study(cfg, name, out, address, num_cpus, extra_manifest={k: m[k] for k in ("tuned_from",) if k in m})
+    cfg, extra = recorded_study(out, name, m)
+    counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
     typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
 
 
@@ -350,12 +348,75 @@ def evaluate(
     )
 
 
+@app.command()
+def check(
+    name: Annotated[str | None, typer.Argument(help="Study to check (default: every study in --out).")] = None,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Move the damaged files to OUT/NAME/quarantine/ and run "
+                           "exactly those runs and evaluations again (holds the study's lock).")
+    ] = False,
+    out: OutOpt = Path("results"),
+    address: AddressOpt = None,
+    num_cpus: CpusOpt = None,
+    fmt: FormatOpt = "table",
+) -> None:
+    """Verify every committed run and evaluation against what its commit recorded (files,
+    row counts, sha256); print each damaged file; exit 1 when any is damaged.
+
+    --repair re-runs the damaged runs (from the manifest, like `study resume`) and
+    evaluations, then checks again. Damaged files never block queries: the views leave them
+    out with a warning."""
+    from analysis.formatting import format_rows
+    from study.check import COLUMNS, check_study, repair_study, studies
+
+    if not out.is_dir():
+        _fail(f"--out: results folder {out} does not exist. Fix: pass the folder a study wrote")
+    names = [name] if name is not None else studies(out)
+    if name is not None and name not in studies(out):
+        _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
+    rows, lines, damaged = [], [], False
+    for study_name in names:
+        if not repair:
+            found = check_study(out, study_name)
+            rows += [d.as_dict() for d in found.damage]
+            lines.append(found.summary())
+            damaged |= bool(found.damage)
+            continue
+        done = repair_study(out, study_name, address, num_cpus)
+        rows += [d.as_dict() for d in done.before.damage]
+        lines.append(done.before.summary())
+        if done.moved.folder is not None:
+            lines.append(
+                f"repair: {len(done.moved.files)} files moved to {done.moved.folder}; {done.ran} "
+                f"run{'s' * (done.ran != 1)} trained again, {done.evaluated} evaluation"
+                f"{'s' * (done.evaluated != 1)} run again"
+                + (f"; not re-run (split gone from the task): {', '.join(done.not_evaluated)}"
+                   if done.not_evaluated else "")
+            )
+        assert done.after is not None
+        lines.append(f"after repair: {done.after.summary()}")
+        damaged |= bool(done.after.damage)
+    if fmt == "table":
+        if rows:
+            typer.echo(format_rows(rows, fmt, columns=list(COLUMNS)))
+        typer.echo("\n".join(lines))
+        if damaged and not repair:
+            which = f" {name}" if name is not None else ""
+            typer.echo(f"Fix: study check{which} --repair --out {out} (moves the damaged files to "
+                       "OUT/NAME/quarantine/, then runs those runs and evaluations again)")
+    else:
+        typer.echo(format_rows(rows, fmt, columns=list(COLUMNS)))
+        typer.echo("\n".join(lines), err=True)
+    if damaged:
+        raise typer.Exit(1)
+
+
 MAX_ERROR = 800
 """Longest error line the CLI prints (characters); longer messages are cut."""
 
 WRITES = ("run", "resume", "tune", "eval")
 """Commands that write under --out (the others only read it)."""
-NAMED = ("resume", "status", "analyze", "report", "eval")
+NAMED = ("resume", "status", "analyze", "report", "eval", "check")
 """Commands whose NAME argument is a study name (one folder under --out)."""
 
 

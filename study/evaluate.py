@@ -80,10 +80,13 @@ class EvalSummary:
     """Committed seeds without kept weights (not evaluated)."""
 
 
-def evaluate_study(out: Path, name: str, splits: Sequence[str] = ()) -> EvalSummary:
+def evaluate_study(
+    out: Path, name: str, splits: Sequence[str] = (), *, redo: frozenset[str] = frozenset(), locked: bool = False
+) -> EvalSummary:
     """Evaluate study ``name``'s kept weights on its new or changed test splits (and on
     ``splits``, if given: only those); see the module doc. Every input is checked before
-    anything is written."""
+    anything is written. ``redo``: evaluate exactly these evaluations (``eval_id``), whatever
+    their state (``study check --repair``); ``locked``: the caller holds the study lock."""
     from study.lock import study_lock
 
     out = Path(out)
@@ -102,11 +105,15 @@ def evaluate_study(out: Path, name: str, splits: Sequence[str] = ()) -> EvalSumm
         raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds)",
                           "restore it, or re-create it with `study run CONFIG --name NAME`") from None
     cfg = parse(manifest_mod.recorded_config(m), seeds, m.get("plugin_dir"))
+    if locked:
+        return _evaluate(cfg, out, name, tuple(dict.fromkeys(splits)), redo)
     with study_lock(out, name):
-        return _evaluate(cfg, out, name, tuple(dict.fromkeys(splits)))
+        return _evaluate(cfg, out, name, tuple(dict.fromkeys(splits)), redo)
 
 
-def _evaluate(cfg: StudyConfig, out: Path, name: str, requested: tuple[str, ...]) -> EvalSummary:
+def _evaluate(
+    cfg: StudyConfig, out: Path, name: str, requested: tuple[str, ...], redo: frozenset[str] = frozenset()
+) -> EvalSummary:
     summary = EvalSummary(name)
     runs = latest_runs(out, name)
     if not runs:
@@ -148,8 +155,11 @@ def _evaluate(cfg: StudyConfig, out: Path, name: str, requested: tuple[str, ...]
         for split_name, split in splits.items():
             if requested and split_name not in requested:
                 continue
+            if redo and eval_id(split_name, k.trial_id, k.seed) not in redo:
+                continue  # a repair re-runs exactly the evaluations it quarantined
             h = hashes.setdefault(id(split), split_hash(split))
-            why = _why(k, split_name, h, markers.get((k.trial_id, k.seed, split_name)), split_name in requested)
+            marker = markers.get((k.trial_id, k.seed, split_name))
+            why = "repaired" if redo else _why(k, split_name, h, marker, split_name in requested)
             if why is None:
                 summary.up_to_date += 1
             else:

@@ -167,18 +167,25 @@ def ray_session(
 
 def worker_env(cfg: StudyConfig) -> dict[str, Any] | None:
     """The job's Ray ``runtime_env``: the study's ``plugins:`` modules that are not installed,
-    shipped to every worker as ``py_modules`` (None: nothing to ship, or shipping is off)."""
+    shipped to every worker as ``py_modules``, and the driver's CPU-kernel settings
+    (``FINELINE_CFLAGS``, ``FINELINE_PORTABLE_KERNELS``, ...: :func:`ckernels.forwarded_env`,
+    checked here, before Ray) as ``env_vars``, so every node builds the same kernels (None:
+    nothing to ship or set)."""
+    from trainables.models.ckernels import forwarded_env
+
+    env = forwarded_env()
+    runtime: dict[str, Any] = {"env_vars": env} if env else {}
     if not cfg.plugins or not cfg.execution.ship_plugins:
-        return None
+        return runtime or None
     modules = shippable([sys.modules[name] for name in cfg.plugins])
     if not modules:
-        return None
+        return runtime or None
     console.print(
         "plugins shipped to the Ray workers: "
         + ", ".join(f"{m.__name__} ({m.__file__})" for m in modules),
         soft_wrap=True,
     )
-    return {"py_modules": modules}
+    return {**runtime, "py_modules": modules}
 
 
 def resolve_device(cfg: StudyConfig) -> str:
@@ -209,6 +216,9 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     from trainables.trackers import check_loggers
 
     check_loggers(cfg.execution.loggers)  # unknown tracker, or its package not installed
+    from trainables.models.ckernels import forwarded_env
+
+    forwarded_env()  # a bad FINELINE_CFLAGS / _CPU_KERNELS / _PORTABLE_KERNELS value
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
         raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
@@ -253,6 +263,26 @@ def committed_counts(cfg: StudyConfig, out: Path, name: str) -> tuple[int, int]:
     return planned, hit
 
 
+def recorded_study(out: Path, name: str, m: dict[str, Any]) -> tuple[StudyConfig, dict[str, Any]]:
+    """The seed study ``study resume`` runs from manifest ``m`` of study ``name``: the config it
+    records (the study file with its command-line overrides applied) with each grid point's
+    seed count, and the manifest extras a re-run keeps (``tuned_from``)."""
+    import dataclasses
+
+    from study.config import parse, with_point_counts
+
+    try:
+        seeds = int(m["seeds"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds)",
+                          "restore it, or re-create it with `study run CONFIG --name NAME`") from None
+    recorded = tuple(str(o) for o in m.get("overrides") or ())  # already applied to m["config"]
+    per_point = {str(p["trial_id"]): int(p["seeds"]) for p in m.get("points") or [] if "trial_id" in p}
+    raw = manifest_mod.recorded_config(m)
+    cfg = with_point_counts(parse(raw, None if per_point else seeds, m.get("plugin_dir")), per_point)
+    return dataclasses.replace(cfg, overrides=recorded), {k: m[k] for k in ("tuned_from",) if k in m}
+
+
 def resume_command(name: str, out: Path, address: str | None) -> str:
     cmd = f"study resume {name} --out {out}"
     return cmd + (f" --address {address}" if address else "")
@@ -292,6 +322,12 @@ def _run_locked(
     manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
     device = resolve_device(cfg)
+    from study.check import quarantine_damaged
+
+    moved = quarantine_damaged(out, name)  # damaged committed seeds run again
+    if moved.runs:
+        console.print(f"study {name}: {len(moved.runs)} damaged run(s) moved to {moved.folder}; they run again "
+                      f"(study check {name} --out {out} verifies every file)", soft_wrap=True, highlight=False)
     units, planned, already = plan_units(cfg, out, name, device, 1)
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")

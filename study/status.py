@@ -9,11 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from study import manifest
 from trainables.errors import StudyStateError
-from trainables.results import table_dir
+from trainables.results import readable, table_dir
 
 
 def study_status(out: Path, name: str) -> list[dict[str, Any]]:
@@ -26,9 +24,10 @@ def study_status(out: Path, name: str) -> list[dict[str, Any]]:
     folder = table_dir(out, "runs", name)
     if folder.is_dir():
         for path in folder.glob("*.parquet"):
-            # ParquetFile, not read_table: the latter imports pyarrow.dataset and pandas (~0.6 s)
-            t = pq.ParquetFile(path).read(columns=["trial_id", "seed", "status"]).to_pylist()
-            for r in t:
+            # ParquetFile, not read_table: the latter imports pyarrow.dataset and pandas (~0.6 s);
+            # a runs file that cannot be read is an uncommitted run (`study check` repairs it)
+            t = readable(path, ["trial_id", "seed", "status"])
+            for r in t.to_pylist() if t is not None else []:
                 d = status.setdefault(r["trial_id"], {})
                 d[r["status"]] = d.get(r["status"], 0) + 1
     rows = []

@@ -280,7 +280,11 @@ def ray_classes() -> tuple[type, type]:
 
 
 def _write_pruned(template: dict[str, Any], params: dict[str, Any], result: dict[str, Any]) -> None:
-    """A ``trials`` row (status ``pruned``, no objective) for a candidate ASHA stopped."""
+    """A ``trials`` row (status ``pruned``, no objective) for a candidate ASHA stopped.
+
+    A pruned candidate commits no seed (no runs row), so this one-row file, named by its
+    ``unit_id`` and written atomically, is its commit unit of its own; the ``trials`` view
+    shows it (``seeds`` empty) until that unit commits seeds (``analysis.db``)."""
     import datetime as dt
     import socket
 

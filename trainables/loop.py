@@ -12,6 +12,14 @@ computation at the end of a round (*compaction*: ``slots`` maps the model's rows
 members), so a bundle costs what its running members cost; :meth:`BundleRun.finalize`
 rebuilds every member from its selected parameters.
 
+Members may differ in the per-member hyperparameters of :mod:`trainables.optim` (learning
+rate, weight decay, momentum, Adam's betas, clip norm, the model's dropout): ``member_specs``
+gives each member's own resolved config, and member k then computes what a lone run of
+``member_specs[k]`` computes (how tuning puts candidates x seeds in one bundle). Without it
+every member has ``spec``'s values. The optimizer is always fineline's bundled one
+(:func:`trainables.optim.make_optimizer`), bitwise torch.optim's while the members share
+their values.
+
 Nothing here knows about Ray: the Ray Tune trainable (``trainables.trainable``) drives a
 BundleRun and checkpoints it with :meth:`state_dict`.
 """
@@ -29,7 +37,15 @@ import torch
 
 from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
 from trainables.models.base import MemberNoise, Model
+from trainables.optim import (
+    BundledOptimizer,
+    MemberHparams,
+    bundle_hparams,
+    clip_grad_norms_,
+    make_optimizer,
+)
 from trainables.registry import MODELS
+from trainables.schedules import lr_factor
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task
@@ -68,10 +84,16 @@ class Evaluation:
     predictions: list[Sequence[Any]]
 
 
-def build_model(spec: RunSpec, data: TaskData, seeds: Sequence[SeedSet]) -> Model:
-    """The K-member model, each member initialised from its own ``init_seed``."""
+def build_model(
+    spec: RunSpec, data: TaskData, seeds: Sequence[SeedSet], dropout: Sequence[float] | None = None
+) -> Model:
+    """The K-member model, each member initialised from its own ``init_seed``; ``dropout``:
+    each member's own dropout probability (:meth:`Model.set_member_dropout`), if they differ
+    from ``spec``'s."""
     model_cls = MODELS.get(spec.model_name)
     model = model_cls(spec.model, data.meta, len(seeds))
+    if dropout is not None:
+        model.set_member_dropout(dropout)
     for k, s in enumerate(seeds):
         model.init_member(k, torch_generator(s.init_seed))
     return model
@@ -94,7 +116,11 @@ def concat_arrays(parts: Sequence[Arrays]) -> Arrays:
 
 
 class BundleRun:
-    """Train K seeds of one :class:`RunSpec` as one vectorised computation."""
+    """Train K seeds of one :class:`RunSpec` as one vectorised computation.
+
+    ``member_specs`` (one per seed): each member's own config, which may differ from
+    ``spec`` only in the per-member hyperparameters (:data:`trainables.optim.PER_MEMBER`;
+    ConfigError otherwise); None: every member trains ``spec``."""
 
     def __init__(
         self,
@@ -103,11 +129,25 @@ class BundleRun:
         task: Task,
         data: TaskData,
         device: torch.device | str = "cpu",
+        member_specs: Sequence[RunSpec] | None = None,
     ) -> None:
         data_seeds = {s.data_seed for s in seeds}
         if len(data_seeds) != 1:
             raise ValueError("a bundle's members must share one data_seed (one dataset)")
+        if member_specs is not None and len(member_specs) != len(seeds):
+            raise ValueError(f"{len(member_specs)} member specs for {len(seeds)} seeds")
         self.spec = spec
+        self.member_specs = list(member_specs) if member_specs is not None else [spec] * len(seeds)
+        """Each member's own config (what its results belong to)."""
+        self.hparams = (
+            bundle_hparams(spec, self.member_specs) if member_specs is not None else MemberHparams.of(self.member_specs)
+        )
+        """The per-member hyperparameters of the model's rows (compacted with them)."""
+        rates = self.hparams.dropout
+        if rates is not None and "dropout" in self.hparams.shared and rates[0] == getattr(spec.model, "dropout", None):
+            rates = None  # the model's own dropout for every member
+        self.member_dropout = rates
+        """Each member's dropout probability where they are not all ``spec``'s (else None)."""
         self.train_cfg = spec.train
         self.task = task
         self.data = data
@@ -117,11 +157,15 @@ class BundleRun:
         self.slots = list(range(self.k))
         """``slots[row]``: the member whose parameters sit in model row ``row``."""
         self.members = [Member(s) for s in seeds]
-        self.model = build_model(spec, data, seeds).to(self.device)
-        self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device)
+        self.model = build_model(spec, data, seeds, rates).to(self.device)
+        self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device, rates)
         self.order_rngs = [numpy_rng(s.order_seed) for s in seeds]
         make_fused: Callable[[Any, Any], Any] | None = getattr(type(self.model), "make_fused_step", None)
         self.fused = make_fused(self.model, self.train_cfg) if make_fused is not None else None
+        if self.fused is not None and member_specs is not None:
+            take = getattr(self.fused, "use_member_hparams", None)
+            if take is None or not take(self.hparams):
+                self.fused = None  # a fused step without these values: the generic step
         self.optimizer = self._optimizer() if self.fused is None else None
         self.train_split = data.train
         self.n_train = len(self.train_split)
@@ -138,15 +182,8 @@ class BundleRun:
     def _check_splits(self) -> None:
         self.spec.check_splits({name: split.role for name, split in self.data.splits.items()})
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        cfg = self.train_cfg
-        params = list(self.model.parameters())
-        if cfg.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-        return torch.optim.Adam(
-            params, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay, foreach=False,
-        )
+    def _optimizer(self) -> BundledOptimizer:
+        return make_optimizer(self.model.parameters(), self.train_cfg, self.hparams)
 
     @property
     def done(self) -> bool:
@@ -185,30 +222,28 @@ class BundleRun:
         return self.train_split.data, [self._next_rows(m, b) for m in self.slots]
 
     def _set_lr(self) -> None:
-        sched = self.train_cfg.lr_halving
-        if sched is None:
+        cfg = self.train_cfg
+        sched = cfg.lr_halving
+        if sched is None and cfg.lr_schedule == "constant" and cfg.warmup_steps == 0:
             return
         steps_per_epoch = max(1, math.ceil(self.n_train / self.train_cfg.batch_size))
         epoch_f = self.step / steps_per_epoch
         halvings = 0
-        if epoch_f >= sched.start_epoch:  # once start_epoch epochs are done, then every every_epochs
+        if sched is not None and epoch_f >= sched.start_epoch:  # once start_epoch epochs are done, then every every_epochs
             halvings = int((epoch_f - sched.start_epoch) // sched.every_epochs) + 1
-        lr = self.train_cfg.lr * 0.5**halvings
+        total = cfg.max_steps if cfg.max_steps is not None else cfg.max_epochs * steps_per_epoch
+        factor = 0.5**halvings * lr_factor(self.step, cfg.lr_schedule, cfg.warmup_steps, total)
         if self.fused is not None:
-            self.fused.lr = lr
+            if hasattr(self.fused, "set_lr_factor"):
+                self.fused.set_lr_factor(factor)
+            else:
+                self.fused.lr = self.train_cfg.lr * factor
         if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            self.optimizer.set_lr_factor(factor)
 
     def _clip(self) -> None:
-        max_norm = self.train_cfg.clip_norm
-        if max_norm is None:
-            return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        sq = torch.stack([g.reshape(self.k, -1).pow(2).sum(1) for g in grads]).sum(0)  # (K,)
-        coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # (K,)
-        for g in grads:
-            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        """Each member's gradients clipped by their own global norm and its own clip norm."""
+        clip_grad_norms_([p.grad for p in self.model.parameters() if p.grad is not None], self.hparams)
 
     def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
         batch = self.model.make_batch(data, self.model.train_layout(data, rows), self.device)
@@ -389,18 +424,15 @@ class BundleRun:
         self._keep_rows(keep)
 
     def _keep_rows(self, keep: list[int]) -> None:
-        old_k = len(self.slots)
         index = torch.tensor(keep, device=self.device)
         with torch.no_grad():
             for p in self.model.parameters():
                 p.grad = None
                 p.data = p.data.index_select(0, index).contiguous()
         if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                for key, v in state.items():
-                    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == old_k:
-                        state[key] = v.index_select(0, index.to(v.device)).contiguous()
-        self.noise.generators = [self.noise.generators[row] for row in keep]
+            self.optimizer.keep_rows(keep)
+        self.noise.keep(keep)
+        self.hparams = self.hparams.keep(keep)
         self.slots = [self.slots[row] for row in keep]
         self.k = self.model.k = len(keep)
 
@@ -408,8 +440,10 @@ class BundleRun:
         """Undo compaction: a fresh K-member model (rows = members), for final evaluation."""
         if len(self.slots) == len(self.members):
             return
-        self.model = build_model(self.spec, self.data, [m.seeds for m in self.members]).to(self.device)
+        members = [m.seeds for m in self.members]
+        self.model = build_model(self.spec, self.data, members, self.member_dropout).to(self.device)
         self.slots = list(range(len(self.members)))
+        self.hparams = MemberHparams.of(self.member_specs)
         self.k = len(self.members)
 
     # ----------------------------------------------------------------- results

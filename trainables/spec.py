@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
-from trainables.configbase import FrozenConfig
+from trainables.configbase import FrozenConfig, added_field
 from trainables.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,8 +64,10 @@ AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 class TrainConfig(FrozenConfig):
     """The training procedure."""
 
-    optimizer: Literal["sgd", "adam"] = "adam"
-    """Plain SGD (no momentum) or Adam."""
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    """SGD (with ``momentum``, 0 by default), Adam, or AdamW (Adam with decoupled weight decay;
+    ``weight_decay`` defaults to 0 here, not torch's 0.01). fineline's own bundled optimizers
+    (``trainables/optim.py``), torch.optim's arithmetic."""
     lr: float = Field(1e-3, gt=0)
     """Learning rate."""
     batch_size: int = Field(32, ge=1)
@@ -92,9 +94,21 @@ class TrainConfig(FrozenConfig):
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon (> 0)."""
     weight_decay: float = Field(0.0, ge=0)
-    """L2 weight decay."""
+    """L2 weight decay (added to the gradient; with adamw, decoupled: ``p *= 1 - lr * wd``)."""
+    momentum: float = added_field(0.0, ge=0, lt=1)
+    """SGD's momentum, in [0, 1) (torch.optim.SGD's: dampening 0, no Nesterov); 0: plain SGD.
+    Only with optimizer sgd (Adam's are ``adam_betas``)."""
     lr_halving: LrHalving | None = None
     """Optional learning-rate halving schedule."""
+    lr_schedule: Literal["constant", "cosine"] = added_field("constant")
+    """The learning rate after the warmup: ``constant``, or ``cosine``: decayed from ``lr`` to 0
+    over the rest of the step budget (``max_steps``, else ``max_epochs`` epochs) as
+    ``0.5 * (1 + cos(pi * progress))`` (``trainables/schedules.py``; times ``lr_halving``'s
+    factor if both are set)."""
+    warmup_steps: int = added_field(0, ge=0)
+    """Linear warmup: the step taken after ``t < warmup_steps`` steps runs at ``lr * t /
+    warmup_steps`` (0 at the first step, as torch's LambdaLR; Nanda et al.'s grokking code
+    warms up over 10 steps); 0: no warmup."""
     compile: bool = False
     """Use a model's compiled fast path where it has one (costs a cold compile)."""
     eval_batch_size: int = Field(1024, ge=1)
@@ -104,6 +118,15 @@ class TrainConfig(FrozenConfig):
     """Write per-example predictions of the test splits (the ``predictions`` table)."""
     selection: SelectionConfig = SelectionConfig()
     """Model selection and early stopping."""
+
+    @model_validator(mode="after")
+    def _momentum_is_sgds(self) -> TrainConfig:
+        if self.momentum != 0 and self.optimizer != "sgd":
+            raise ConfigError(
+                "train.momentum", f"only SGD has a momentum, this config uses {self.optimizer}",
+                "set optimizer: sgd, or leave momentum unset (Adam's are adam_betas)",
+            )
+        return self
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ One Tune trial = one *unit*: a resolved config (``trial_id``) x a bundle of seed
 ``execution.report_every_s`` seconds (so tiny step-based tasks don't pay Tune's per-result
 cost every optimizer step) and returns a small progress dict. When the bundle is done it
 evaluates every member at its selected epoch and commits each seed's rows to Parquet
-(``trainables.results``): metrics, evals, predictions, its kept weights
-(``trainables.weights``, unless ``execution.keep_weights`` is false), then the runs row last.
+(``trainables.results``): metrics, evals, predictions, its ``trials`` row (the unit's row
+with its seed), its kept weights (``trainables.weights``, unless ``execution.keep_weights``
+is false), then the runs row last, recording what the commit wrote.
 
 Actors are reused across trials (``reset_config``), and datasets are cached per actor
 keyed by (task config, data seed), so a 50-seed study builds its data once per worker.
@@ -32,7 +33,7 @@ from trainables.data import TaskData
 from trainables.errors import ConfigError, DataError
 from trainables.loop import BundleRun
 from trainables.plugins import import_modules
-from trainables.results import commit_seed, write_rows
+from trainables.results import commit_seed
 from trainables.runtime import configure_worker
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
@@ -197,9 +198,10 @@ class FinelineTrainable(tune.Trainable):
         now = dt.datetime.now(dt.UTC)
         statuses = [r["run"][0]["status"] for r in member_rows]
         self._final = self._final_objective(member_rows) if self.objective is not None else {}
-        write_rows(out, study, "trials", u["unit_id"], [{
-            "study": study, "trial_id": trial_id, "unit_id": u["unit_id"],
-            "seeds": [s["index"] for s in u["seeds"]], "task": self.spec.task_name,
+        # The unit's trials row goes into each seed's commit (with its seed), so the
+        # ``trials`` view, derived from committed seeds, never runs ahead of ``runs``.
+        unit_row = {
+            "study": study, "trial_id": trial_id, "unit_id": u["unit_id"], "task": self.spec.task_name,
             "model": self.spec.model_name, "config_hash": u["config_hash"],
             "config_json": u["config_json"], "point_json": u["point_json"],
             "status": "partial" if "diverged" in statuses else "ok",
@@ -207,8 +209,9 @@ class FinelineTrainable(tune.Trainable):
             "hostname": socket.gethostname(), "git_sha": u.get("git_sha", ""),
             "versions_json": u.get("versions_json", "{}"), "bundle_size": len(u["seeds"]),
             "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
+            "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
             **u.get("flat", {}), **self._final,
-        }])
+        }
         keep = bool(u.get("keep_weights", False))
         hashes = hashes_of_test_splits(run.data) if keep else {}
         for k, (seedset, rows) in enumerate(zip(u["seeds"], member_rows, strict=True)):
@@ -216,6 +219,7 @@ class FinelineTrainable(tune.Trainable):
                 name: [{"study": study, "trial_id": trial_id, **r} for r in rows[name]]
                 for name in ("metrics", "evals", "predictions")
             }
+            keyed["trials"] = [{**unit_row, "seed": seedset["index"]}]
             best = run.members[k].best_params
             kept = weights_relpath(study, trial_id, seedset["index"]) if keep and best is not None else None
             run_row = {

@@ -199,7 +199,9 @@ def test_columns_are_united_by_name_and_widened(out: Path) -> None:
 
 
 def test_conflicting_types_fall_back_to_text(out: Path) -> None:
-    _write(out, "trials", "s3", "u.parquet", [{"study": "s3", "trial_id": "t", "train_lr": "auto"}])
+    row = {"study": "s3", "trial_id": "t", "unit_id": "t-u", "seed": 0, "train_lr": "auto"}
+    _write(out, "trials", "s3", "t-0.parquet", [row])
+    _write(out, "runs", "s3", "t-0.parquet", [_run("s3", "t", 0)])  # trials counts committed seeds
     con = connect(out)
     rows = con.execute("SELECT study, train_lr FROM trials ORDER BY study").fetchall()
     assert rows == [("s1", "1"), ("s2", "0.5"), ("s3", "auto")]

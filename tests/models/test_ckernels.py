@@ -165,7 +165,7 @@ def test_active_rows_of_a_hand_made_mask() -> None:
 def test_switch_turns_the_kernels_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ckernels.SWITCH, "0")
     assert cpu_kernels() is None
-    assert ckernels.usable(torch.zeros(1)) is None
+    assert ckernels.applicable("default", torch.zeros(1)) is None
 
 
 def test_build_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,8 +177,9 @@ def test_build_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyP
     cpu_kernels.cache_clear()
     again = kernels()
     assert again.path == first.path and again.path.stat().st_mtime_ns == stamp  # not rebuilt
-    assert ckernels.usable(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
-    assert ckernels.usable(torch.zeros(1), ckernels.MAX_HIDDEN + 1) is None
+    assert ckernels.applicable(again, torch.zeros(1)) is again
+    assert ckernels.applicable(again, torch.zeros(1, dtype=torch.float64)) is None  # float32 only
+    assert ckernels.applicable(again, torch.zeros(1), ckernels.MAX_HIDDEN + 1) is None
 
 
 def test_a_failing_compiler_warns_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,28 +32,60 @@ from trainables.seeding import torch_generator
 
 
 class MemberNoise:
-    """Per-member random streams for training-time noise (dropout)."""
+    """Per-member random streams for training-time noise (dropout).
 
-    def __init__(self, seeds: Sequence[int], device: torch.device | str = "cpu") -> None:
+    ``rates``: members trained with different dropout probabilities (each its own config's
+    ``model.dropout``, see :mod:`trainables.optim`): member k's rate replaces the model's
+    ``p`` wherever the model asks for dropout (:meth:`dropout_mask`, :meth:`member_rates`).
+    A member whose rate is 0 gets masks of ones and draws nothing, as a lone run with
+    dropout 0 draws nothing (models skip dropout at p = 0)."""
+
+    def __init__(
+        self, seeds: Sequence[int], device: torch.device | str = "cpu",
+        rates: Sequence[float] | None = None,
+    ) -> None:
         self.device = torch.device(device)
         self.generators = [torch_generator(s, self.device) for s in seeds]
+        if rates is not None and len(rates) != len(self.generators):
+            raise ValueError(f"{len(rates)} dropout rates for {len(self.generators)} members")
+        self.rates = None if rates is None else tuple(float(r) for r in rates)
+        """Per-member dropout probabilities replacing the model's; None: the model's for all."""
 
     def __len__(self) -> int:
         return len(self.generators)
 
+    def member_rates(self, p: float) -> tuple[float, ...]:
+        """Each member's dropout probability where the model's is ``p``."""
+        return self.rates if self.rates is not None else (p,) * len(self.generators)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep the streams (and rates) of rows ``rows`` only (compaction)."""
+        self.generators = [self.generators[r] for r in rows]
+        if self.rates is not None:
+            self.rates = tuple(self.rates[r] for r in rows)
+
     def dropout_mask(self, p: float, shape: Sequence[int]) -> torch.Tensor:
-        """Inverted-dropout masks ``(K, *shape)``: 0 or 1/(1-p), member k from generator k.
+        """Inverted-dropout masks ``(K, *shape)``: 0 or 1/(1-p), member k from generator k
+        (with :attr:`rates`, member k's rate in place of ``p``).
 
         ``shape`` is the canonical per-member shape: callers slice the result to the
         padded size they need, so the stream a member consumes never depends on what
         the other members of its bundle look like.
         """
+        if self.rates is not None:
+            return torch.stack([self._member_mask(q, shape, g) for q, g in zip(self.rates, self.generators, strict=True)])
         keep = 1.0 - p
         masks = [
             torch.empty(tuple(shape), device=self.device).bernoulli_(keep, generator=g)
             for g in self.generators
         ]
         return torch.stack(masks).div_(keep)
+
+    def _member_mask(self, p: float, shape: Sequence[int], g: torch.Generator) -> torch.Tensor:
+        if p == 0.0:
+            return torch.ones(tuple(shape), device=self.device)
+        keep = 1.0 - p
+        return torch.empty(tuple(shape), device=self.device).bernoulli_(keep, generator=g).div_(keep)
 
     def state(self) -> list[torch.Tensor]:
         return [g.get_state() for g in self.generators]
@@ -108,6 +140,14 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def init_member(self, member: int, generator: torch.Generator) -> None:
         """Initialise member ``member``'s parameters from ``generator`` in a fixed order."""
+
+    def set_member_dropout(self, rates: Sequence[float]) -> None:
+        """Members will train with their own dropout probabilities ``rates`` (member k's
+        ``model.dropout``; the trainer calls this before :meth:`init_member`). The masks'
+        rates come from :class:`MemberNoise` (its ``rates`` replace the model's ``p``), so a
+        family whose dropout draws go through ``dropout_mask`` / ``member_rates`` needs
+        nothing more. Override to adapt the model, or to raise ConfigError for what the
+        family cannot honour (the contract suite checks the members against lone runs)."""
 
     @abstractmethod
     def make_batch(

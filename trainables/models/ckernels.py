@@ -240,9 +240,11 @@ def reopen(path: str, flags: tuple[str, ...]) -> CpuKernels:
 
 
 def _first_line(e: BaseException) -> str:
-    text = e.stderr if isinstance(e, subprocess.CalledProcessError) and e.stderr else str(e)
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(e).__name__
+    """What went wrong, in one line: the compiler's first line of errors, else its exit status."""
+    if isinstance(e, subprocess.CalledProcessError):
+        lines = [line for line in str(e.stderr or "").splitlines() if line.strip()]
+        return lines[0].strip() if lines else f"exit status {e.returncode}, no message"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 @functools.cache
@@ -273,8 +275,9 @@ def cpu_kernels() -> CpuKernels | None:
             if not native:
                 raise
             warnings.warn(
-                f"fineline: {compiler} refused {' '.join(native)} ({_first_line(e)}); building "
-                f"the CPU kernels without it (portable; set {PORTABLE_VAR}=1 to skip the attempt).",
+                f"fineline: building the CPU kernels with {' '.join(native)} failed "
+                f"({_first_line(e)}); building them without it (portable; set {PORTABLE_VAR}=1 "
+                "to skip the attempt).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -298,9 +301,10 @@ def applicable(kern: KernelChoice, x: torch.Tensor, hidden: int = 1) -> CpuKerne
     return cpu_kernels() if isinstance(kern, str) else kern
 
 
-def choice_name(kern: CpuKernels | None, device: torch.device | str = "cpu") -> str:
-    """How a model with ``kern`` computes on ``device``: ``c`` (the kernels) or ``torch``."""
-    return "c" if kern is not None and torch.device(device).type == "cpu" else "torch"
+def choice_name(kern: CpuKernels | None, like: torch.Tensor) -> str:
+    """How a model holding ``kern`` computes with parameters like ``like``: ``c`` (the
+    compiled kernels) or ``torch`` (its ops: no kernels, or CUDA, or float64)."""
+    return "c" if kern is not None and applicable(kern, like) is not None else "torch"
 
 
 LANES = 16

@@ -7,8 +7,9 @@ of every index tensor (targets, tokens, step counts) against the range the C cod
 with them, before the C code reads or writes a byte. A mismatch raises
 :class:`KernelCallError` naming the entry, the argument, what it must be and what it was:
 the C functions trust their arguments, so a wrong tensor would otherwise read or write
-memory it does not own. The checks cost a few microseconds per call (about 0.1% of a
-training step of the paper's model).
+memory it does not own. The checks cost tens of microseconds per call (the training LSTM
+layer's 11 tensors: about 40 us on a loaded 2-core machine), about 0.3 ms of a 50-65 ms
+K=8 training step of the paper's model.
 
 The C signatures and layouts are documented in the sources under :file:`kernels/`.
 """

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -144,6 +145,70 @@ class PlainModel(Model):
             for name, stacked in self._tensors().items():
                 stacked[member].copy_(state[name])
 
+    def set_member_dropout(self, rates: Sequence[float]) -> None:
+        """Members with their own ``dropout`` (config field): each member's :class:`Dropout`
+        calls draw at its rate (:class:`MemberNoise` ``rates``). That is the member's lone run
+        when the rate changes nothing but the Dropout layers' rates: checked by building the
+        module at every rate (same seed) and comparing its tensors, initial values included,
+        and its Dropout layers, each of which must use the rate. The bundle's module is then
+        the one built at the largest rate, so it has every Dropout layer a member's has (a
+        member at rate 0, whose lone module may have none, multiplies by ones)."""
+        if "dropout" not in type(self.config).model_fields:
+            raise ConfigError(
+                "model.dropout", f"{self.name!r} has no dropout field to set per member",
+                "give the members no dropout of their own",
+            )
+        here = self.config.dropout  # type: ignore[attr-defined]
+        reference = _tensor_values(self._built_at(here))
+        built = {p: self._built_at(p) for p in sorted(set(rates) | {here})}
+        layers: dict[float, set[str]] = {}
+        for p, module in built.items():
+            mine = _tensor_values(module)
+            names = sorted(mine.keys() ^ reference.keys())
+            values = [n for n in sorted(mine.keys() & reference.keys()) if not torch.equal(mine[n], reference[n])]
+            if names or values:
+                what = f"tensor {names[0]!r} exists at only one of them" if names else f"{values[0]!r} starts elsewhere"
+                raise ConfigError(
+                    "model.dropout",
+                    f"{self.name!r} builds other tensors at dropout {p} than at {here} ({what}; a "
+                    "Dropout layer added only where the rate is > 0 shifts nn.Sequential's names): "
+                    "members with these dropouts cannot share a bundle",
+                    "train them in separate bundles, or give every member a dropout > 0",
+                )
+            drops = {path: m.p for path, m in module.named_modules() if isinstance(m, Dropout)}
+            wrong = {path: q for path, q in drops.items() if q != p}
+            if wrong:
+                path, q = next(iter(wrong.items()))
+                raise ConfigError(
+                    "model.dropout",
+                    f"{self.name!r} at dropout {p} has Dropout layer {path} at rate {q}: a "
+                    "member's own dropout can only replace one rate used by every layer",
+                    "train members with different dropout in separate bundles",
+                )
+            layers[p] = set(drops)
+        top = max(rates)
+        if top == 0.0:
+            return
+        if not all(paths <= layers[top] for paths in layers.values()):
+            raise ConfigError(
+                "model.dropout",
+                f"{self.name!r} has Dropout layers at a lower rate that it lacks at {top}",
+                "train members with different dropout in separate bundles",
+            )
+        self.net = stack_module(built[top], self.k)
+        self._probed.clear()
+        self._vmapped.clear()
+        self._stacked = None
+
+    def _built_at(self, p: float) -> nn.Module:
+        """The one-seed module at dropout ``p``, built under a fixed seed (torch's global RNG
+        left as it was)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module = self.build_module(self.config.model_copy(update={"dropout": p}), self.meta)
+        _refuse_torch_dropout(self.name, module)
+        return module
+
     def member_module(self, member: int) -> nn.Module:
         """A one-seed module holding member ``member``'s current parameters and buffers."""
         with torch.random.fork_rng(devices=[]):
@@ -249,6 +314,10 @@ class PlainModel(Model):
                 "after another (functional_call per member): same results, slower",
                 self.name, reason,
             )
+
+
+def _tensor_values(module: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(module.named_parameters()) | dict(module.named_buffers())
 
 
 def _refuse_torch_dropout(model: str, module: nn.Module) -> None:

@@ -275,9 +275,12 @@ class RNNTagger(Model):
     def make_fused_step(self, train_cfg: Any) -> Any:
         """A :class:`~trainables.models.rnn_tagger_fused.FusedStep` for impl=fast (None otherwise).
 
-        Compiled when ``train_cfg.compile`` or config ``compile`` is true.
+        Compiled when ``train_cfg.compile`` or config ``compile`` is true. None too for what
+        the fused step does not compute (AdamW, SGD's momentum): the generic step trains those.
         """
         if self.config.impl != "fast" or not self.config.fused:
+            return None
+        if train_cfg.optimizer not in ("sgd", "adam") or getattr(train_cfg, "momentum", 0.0) != 0:
             return None
         from trainables.models.rnn_tagger_fused import FusedStep
 

@@ -22,7 +22,11 @@ The checks:
   run: the same selected epoch and metrics to 1e-4);
 * a seed's result does not depend on its bundle's size or company;
 * a stopped member leaves the computation (compaction) and the others go on as lone
-  runs; a checkpoint taken after compaction resumes bit-identically.
+  runs; a checkpoint taken after compaction resumes bit-identically;
+* per-member hyperparameters: members whose configs differ in learning rate, weight decay,
+  Adam's betas or SGD's momentum, clip norm and (where the model config has one)
+  ``dropout`` each train as the lone run of their own config (Adam and SGD), through
+  compaction and a checkpoint.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch
 from trainables.errors import ConfigError
 from trainables.loop import BundleRun
 from trainables.models.base import Model
+from trainables.optim import with_hparams
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import derive_seedset
 from trainables.spec import RunSpec
@@ -80,20 +85,27 @@ def tiny_spec(task_cls: type[Task], model_cls: type[Model], data_root: Path | No
     return RunSpec.from_dict(raw)
 
 
-def new_run(spec: RunSpec, indices: Sequence[int], device: str = "cpu") -> BundleRun:
-    """A bundle of the seeds ``indices`` (root 11); skips a pair the model cannot size."""
+def new_run(
+    spec: RunSpec, indices: Sequence[int], device: str = "cpu",
+    member_specs: Sequence[RunSpec] | None = None,
+) -> BundleRun:
+    """A bundle of the seeds ``indices`` (root 11), members trained with ``member_specs``
+    (default: all ``spec``); skips a pair the model cannot size."""
     seeds = [derive_seedset(11, i) for i in indices]
     task = spec.make_task()
     try:
-        return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed), device)
+        return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed), device, member_specs)
     except ConfigError as exc:
         if exc.field != "model.name":
             raise
         pytest.skip(f"{spec.model_name} cannot take {spec.task_name}'s inputs: {exc}")
 
 
-def train(spec: RunSpec, indices: Sequence[int], device: str = "cpu") -> BundleRun:
-    run = new_run(spec, indices, device)
+def train(
+    spec: RunSpec, indices: Sequence[int], device: str = "cpu",
+    member_specs: Sequence[RunSpec] | None = None,
+) -> BundleRun:
+    run = new_run(spec, indices, device, member_specs)
     while not run.done:
         run.train_round()
     return run
@@ -112,6 +124,56 @@ def assert_params_equal(a: BundleRun, ka: int, b: BundleRun, kb: int, what: str)
         mine, ref = p.detach()[ka], theirs[name].detach()[kb]
         scale = ref.abs().max().clamp(min=1e-3)
         assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-5 * float(scale)), (what, name)
+
+
+def member_params(run: BundleRun, k: int) -> dict[str, torch.Tensor]:
+    """Member ``k``'s parameters now, or, once compacted out, those it was selected with."""
+    if k in run.slots:
+        return run.model.member_state(run.slots.index(k))
+    saved = run.members[k].best_params
+    assert saved is not None, f"member {k} left the bundle unselected"
+    return saved
+
+
+def assert_states_close(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], what: object) -> None:
+    """Two member states equal to 1e-5 relative (the bundle tolerance)."""
+    assert mine.keys() == ref.keys(), what
+    for name, value in mine.items():
+        scale = ref[name].abs().max().clamp(min=1e-3)
+        assert torch.allclose(value, ref[name], rtol=1e-5, atol=1e-5 * float(scale)), (what, name)
+
+
+def hparam_members(spec: RunSpec, optimizer: str) -> tuple[RunSpec, list[RunSpec]]:
+    """A bundle config with ``optimizer`` (``adam``: the tiny config's learning rate and
+    clip; ``sgd``: lr 0.05, clip 1) and three members' configs: the bundle's own, then two
+    that differ in every per-member hyperparameter (three dropout rates > 0 where the model
+    config has ``dropout``; no clip for one Adam member)."""
+    others: list[dict[str, Any]]
+    if optimizer == "sgd":
+        base = with_hparams(with_train(spec, optimizer="sgd"), {"lr": 0.05, "clip_norm": 1.0})
+        others = [
+            {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.01, "clip_norm": 0.5},
+            {"lr": 0.1, "momentum": 0.5, "clip_norm": 2.0},
+        ]
+    else:
+        base = with_train(spec, optimizer="adam")
+        lr = base.train.lr
+        others = [
+            {"lr": lr / 2, "weight_decay": 0.01, "betas": (0.8, 0.99), "clip_norm": 1.0},
+            {"lr": lr * 2, "betas": (0.95, 0.9999), "clip_norm": None},
+        ]
+    if "dropout" in type(base.model).model_fields:  # rates > 0: a model may drop its Dropout
+        p = float(getattr(base.model, "dropout", 0.0)) or 0.2  # layers at 0 (mlp_plain does)
+        base = with_hparams(base, {"dropout": p})
+        others[0]["dropout"], others[1]["dropout"] = p / 2, (0.4 if p == 0.3 else 0.3)
+    return base, [base, *(with_hparams(base, o) for o in others)]
+
+
+def with_train(spec: RunSpec, **train: Any) -> RunSpec:
+    """``spec`` with train fields set."""
+    raw = spec.to_dict()
+    raw["train"].update(train)
+    return RunSpec.from_dict(raw)
 
 
 def assert_evals_close(a: dict[Any, float], b: dict[Any, float], what: object) -> None:
@@ -277,6 +339,40 @@ def contract_suite(
                 lone = train(self.spec(task_cls, model_cls, selection=sel, **extra), [k], device)
                 assert bundle.members[k].best_step == lone.members[0].best_step
                 assert_evals_close(evals(bundle, k), evals(lone, 0), k)
+
+        @param
+        @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+        def test_members_with_their_own_hyperparameters_train_as_lone_runs(
+            self, task_cls: type[Task], model_cls: type[Model], optimizer: str
+        ) -> None:
+            """Three members, each with its own learning rate, weight decay, betas or momentum,
+            clip norm (and dropout): each equals the lone run of its own config after 6 steps
+            (parameters, then the metrics of every split), also after member 1 stopped at
+            step 3 (compacted out) and a checkpoint resumed."""
+            sel = {"mode": "last", "early_stop": False}
+            spec = self.spec(task_cls, model_cls, max_steps=6, eval_every_steps=3, selection=sel)
+            base, members = hparam_members(spec, optimizer)
+            bundle = new_run(base, [0, 1, 2], device, members)
+            bundle.train_round()
+            bundle.members[1].status = "stopped"
+            bundle._compact()
+            resumed = new_run(base, [0, 1, 2], device, members)
+            resumed.load_state_dict(copy.deepcopy(bundle.state_dict()))
+            for run in (bundle, resumed):
+                while not run.done:
+                    run.train_round()
+            mine = [member_params(bundle, k) for k in range(3)]
+            for k in range(3):
+                again = member_params(resumed, k)
+                assert all(torch.equal(v, again[n]) for n, v in mine[k].items()), f"member {k} resumed"
+            plain = member_params(train(base, [2], device), 0)  # member 2 with the bundle's values
+            assert any(
+                not torch.allclose(v, plain[n], rtol=1e-4, atol=1e-4) for n, v in mine[2].items()
+            ), "member 2's own hyperparameters changed nothing: the checks below would prove nothing"
+            for k in range(3):
+                lone = train(with_train(members[k], max_steps=3 if k == 1 else 6), [k], device)
+                assert_states_close(mine[k], member_params(lone, 0), f"member {k} vs its lone run")
+                assert_evals_close(evals(bundle, k), evals(lone, 0), f"member {k} vs its lone run")
 
     ContractSuite.__name__ = ContractSuite.__qualname__ = "ContractSuite"
     return ContractSuite

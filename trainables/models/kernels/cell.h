@@ -4,9 +4,12 @@
 #define FINELINE_CELL_H
 #include "fmath.h"
 
-/* One row of the evaluation step (see lstm_cell.c's lstm_eval_step); c2_out may be c2p. */
-static inline void eval_row(int H, const float *restrict z, const float *restrict c2p,
-                            float *restrict c2_out, float *restrict h_out) {
+/* One row of the evaluation step (see lstm_cell.c's lstm_eval_step). c2_out may be c2p (the
+ * decoder updates its cells in place, decode.c): so neither is `restrict` (passing one object
+ * to two restrict parameters that one of them writes is undefined behaviour); element j is
+ * read before it is written, so in place computes the same bits. */
+static inline void eval_row(int H, const float *restrict z, const float *c2p, float *c2_out,
+                            float *restrict h_out) {
     for (int j = 0; j < H; j++) {
         float o = sigmoid_f(z[j]), i = sigmoid_f(z[H + j]), f = sigmoid_f(z[2 * H + j]);
         float s = sigmoid_f(z[3 * H + j]); /* sigmoid(2 x_g): tanh(x_g) = 2 s - 1 */

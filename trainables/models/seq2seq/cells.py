@@ -213,7 +213,7 @@ def _fused_forward(
     (``kernels/lstm_seq.c``: the input projection, the recurrent matmul and the cell of
     every step), over the first ``active[t]`` rows of each member only. Rows past that
     stay 0 in every output (their sequences have ended)."""
-    k, t_len, b, e = x.shape
+    k, t_len, b, _ = x.shape
     hid = w_hh.shape[-1]
     g4 = 4 * hid
     x, h0, c0 = x.contiguous(), h0.contiguous(), c0.contiguous()
@@ -239,8 +239,8 @@ def _fused_backward(
     paper's sizes 3x faster than a ``bmm`` each over all steps afterwards)."""
     kern: CpuKernels = ctx.fused
     x, act, hs, cs, tcs, h0, c0, w_ih, w_hh = ctx.saved_tensors
-    k, t_len, b, g4 = act.shape
-    hid, e = g4 // 4, x.shape[-1]
+    k, _, b, g4 = act.shape
+    hid = g4 // 4
     w_ih_c, w_hh_c = w_ih.contiguous(), w_hh.contiguous()
     dhs_c = dhs.contiguous() if dhs is not None else None
     dcs_c = dcs.contiguous() if dcs is not None else None

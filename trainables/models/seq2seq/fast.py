@@ -42,6 +42,7 @@ from collections.abc import Mapping
 import torch
 
 from trainables.models.base import MemberNoise
+from trainables.models.ckernels import CpuKernels
 from trainables.models.seq2seq.decode import decode
 from trainables.models.seq2seq.layout import (
     IGNORE,
@@ -63,12 +64,14 @@ from trainables.models.seq2seq.weights import (
 
 class FastEngine(Engine):
     """Batched bundle computation over stacked parameters (see the module docstring).
-    It has no input feeding (its decoder runs all steps before attention)."""
+    It has no input feeding (its decoder runs all steps before attention). ``kern``: the
+    compiled CPU kernels every computation uses (the model's choice; None: torch ops)."""
 
-    def __init__(self, arch: Arch) -> None:
+    def __init__(self, arch: Arch, kern: CpuKernels | None) -> None:
         if arch.input_feeding:
             raise ValueError("the fast seq2seq engine has no input feeding: use the reference engine")
         super().__init__(arch)
+        self.kern = kern
 
     # ------------------------------------------------------------------ encoder
     def encode(
@@ -129,7 +132,7 @@ class FastEngine(Engine):
         """Cross-entropy of every listed target token (K, N), 0 at token-list padding; with
         ``hits`` also whether each token is the argmax of its logits (K, N) bool."""
         evaluation = noise is None and not torch.is_grad_enabled()
-        w = build_weights(self.arch, params, evaluation=evaluation)
+        w = build_weights(self.arch, params, evaluation=evaluation, kern=self.kern)
         encoded = self.encode(w, batch, noise)
         if evaluation:
             stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, 1)
@@ -147,7 +150,7 @@ class FastEngine(Engine):
         on a CPU with greedy decoding both from one call of the C decoder, which decodes a
         row greedily only from where its argmax leaves its gold tokens
         (:meth:`FastStepper.decode_in_c`)."""
-        w = build_weights(self.arch, params, evaluation=True)
+        w = build_weights(self.arch, params, evaluation=True, kern=self.kern)
         encoded = self.encode(w, batch, None)
         stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, width)
         steps = batch.steps()
@@ -203,7 +206,7 @@ class FastEngine(Engine):
         mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
         if mask is not None:
             u = u * scatter_rows(mask, batch.tok_list_pos, (k, n, hd))
-        return linear_cross_entropy(u, w.out_t, w.out_b, batch.tok_target, IGNORE, hits)
+        return linear_cross_entropy(u, w.out_t, w.out_b, batch.tok_target, IGNORE, hits, w.kern)
 
     def decoder(
         self,
@@ -230,5 +233,5 @@ class FastEngine(Engine):
     def start_decode(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int
     ) -> FastStepper:
-        w = build_weights(self.arch, params, evaluation=True)
+        w = build_weights(self.arch, params, evaluation=True, kern=self.kern)
         return FastStepper(self.arch, w, *self.encode(w, batch, None), batch.src_mask, width)

@@ -330,8 +330,14 @@ def dropout_masks(
     noise: MemberNoise | None, p: float, counts: Sequence[int], features: int
 ) -> torch.Tensor | None:
     """Inverted-dropout multipliers ``(sum counts, features)``: member k's ``counts[k]`` rows
-    from generator k (see the dropout protocol above); None without noise or when p = 0."""
-    if noise is None or p == 0.0:
+    from generator k (see the dropout protocol above); None without noise or when p = 0.
+    Members with their own rates (``noise.rates``) each draw at their own rate; a member at
+    rate 0 gets rows of ones and draws nothing, as its lone run does."""
+    if noise is None:
+        return None
+    if noise.rates is not None:
+        return _member_rate_masks(noise, counts, features)
+    if p == 0.0:
         return None
     keep = 1.0 - p
     u = torch.cat(
@@ -341,6 +347,22 @@ def dropout_masks(
         ]
     )
     return (u < keep).to(u.dtype).mul_(1.0 / keep)
+
+
+def _member_rate_masks(noise: MemberNoise, counts: Sequence[int], features: int) -> torch.Tensor | None:
+    """:func:`dropout_masks` with each member at its own rate (``noise.rates``)."""
+    assert noise.rates is not None
+    if not any(noise.rates):
+        return None
+    parts = []
+    for c, g, p in zip(counts, noise.generators, noise.rates, strict=True):
+        if p == 0.0:
+            parts.append(torch.ones((c, features), device=noise.device))
+            continue
+        keep = 1.0 - p
+        u = torch.rand((c, features), generator=g, device=noise.device)
+        parts.append((u < keep).to(u.dtype).mul_(1.0 / keep))
+    return torch.cat(parts)
 
 
 def scatter_rows(rows: torch.Tensor, positions: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:

@@ -23,36 +23,32 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainables.models.ckernels import padded_output_layer, ptr, usable
+from trainables.models.ckernels import CpuKernels, KernelChoice, applicable, padded_output_layer
 
 EVAL_CHUNK_FLOATS = 1 << 18
 """Logits held at once when computing evaluation losses (1 MiB of float32)."""
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """ce (M,) of logits (M, V) contiguous against target (M,) int64, with the C kernels:
-    the forward keeps each row's softmax as ``e = exp(x - max)`` and ``1 / sum(e)``, so the
-    backward is ``g (e / sum(e) - onehot)``, with no ``exp``."""
+    """ce (M,) of logits (M, V) contiguous against target (M,) int64, with the C kernels
+    ``kern``: the forward keeps each row's softmax as ``e = exp(x - max)`` and ``1 / sum(e)``,
+    so the backward is ``g (e / sum(e) - onehot)``, with no ``exp``."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore: int) -> torch.Tensor:  # type: ignore[override]
-        kern = usable(logits)
-        assert kern is not None
-        m, v = logits.shape
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore: int, kern: CpuKernels) -> torch.Tensor:  # type: ignore[override]
+        m = logits.shape[0]
         ce, e, inv = logits.new_empty(m), torch.empty_like(logits), logits.new_empty(m)
-        kern.softmax_ce(m, v, ptr(logits), ptr(target), ignore, ptr(ce), ptr(e), ptr(inv))
+        kern.softmax_ce(logits, target, ignore, ce, e, inv)
         ctx.kern, ctx.ignore = kern, ignore
         ctx.save_for_backward(e, inv, target)
         return ce
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
         e, inv, target = ctx.saved_tensors
-        m, v = e.shape
-        grad = grad.contiguous()
         d = torch.empty_like(e)
-        ctx.kern.ce_grad(m, v, ptr(e), ptr(inv), ptr(target), ctx.ignore, ptr(grad), ptr(d))
-        return d, None, None
+        ctx.kern.ce_grad(e, inv, target, ctx.ignore, grad.contiguous(), d)
+        return d, None, None, None
 
 
 class _OutputLayer(torch.autograd.Function):
@@ -64,24 +60,19 @@ class _OutputLayer(torch.autograd.Function):
     order, so they do not depend on the bundle."""
 
     @staticmethod
-    def forward(ctx: Any, u: torch.Tensor, w: torch.Tensor, b: torch.Tensor, target: torch.Tensor, ignore: int) -> torch.Tensor:  # type: ignore[override]
-        kern = usable(u)
-        assert kern is not None
-        k, n, d = u.shape
+    def forward(ctx: Any, u: torch.Tensor, w: torch.Tensor, b: torch.Tensor, target: torch.Tensor, ignore: int, kern: CpuKernels) -> torch.Tensor:  # type: ignore[override]
+        k, n, _ = u.shape
         v = w.shape[2]
         u = u.contiguous()
         w_pad, b_pad = padded_output_layer(w, b)
-        vp = w_pad.shape[2]
         ce, e, inv = u.new_empty(k, n), u.new_empty(k, n, v), u.new_empty(k, n)
-        if kern.out_fwd(k, n, d, v, vp, ptr(u), ptr(w_pad), ptr(b_pad), ptr(target), ignore,
-                        ptr(ce), ptr(e), ptr(inv)):  # fmt: skip
-            raise MemoryError(f"the output layer's kernel could not allocate {vp} x 16 floats")
+        kern.out_fwd(u, w_pad, b_pad, v, target, ignore, ce, e, inv)
         ctx.kern, ctx.ignore, ctx.e = kern, ignore, e
         ctx.save_for_backward(u, w, target, inv)
         return ce
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:  # type: ignore[override]
         u, w, target, inv = ctx.saved_tensors
         e, ctx.e = ctx.e, None
         if e is None:
@@ -89,14 +80,13 @@ class _OutputLayer(torch.autograd.Function):
                 "the output layer's backward ran twice: it turns its saved softmax into "
                 "the gradient in place. Fix: compute the loss again instead of retain_graph"
             )
-        k, n, d = u.shape
+        k, _, d = u.shape
         v = w.shape[2]
         g = grad.contiguous()
         w_t = w.transpose(1, 2).contiguous()  # (K, V, D): the parameter's own layout
         du, dw_t, db = torch.empty_like(u), u.new_zeros(k, v, d), u.new_zeros(k, 1, v)
-        ctx.kern.out_bwd(k, n, d, v, ptr(u), ptr(w_t), ptr(target), ctx.ignore, ptr(g), ptr(e),
-                         ptr(inv), ptr(du), ptr(dw_t), ptr(db))  # fmt: skip
-        return du, dw_t.transpose(1, 2), db, None, None
+        ctx.kern.out_bwd(u, w_t, target, ctx.ignore, g, e, inv, du, dw_t, db)
+        return du, dw_t.transpose(1, 2), db, None, None, None
 
 
 def linear_cross_entropy(
@@ -106,10 +96,12 @@ def linear_cross_entropy(
     target: torch.Tensor,
     ignore: int,
     hits: bool = False,
+    kern: KernelChoice = "default",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-entropy (K, N) of the logits ``u @ w + b`` (u (K, N, D), w (K, D, V), b (K, 1,
     V)) against target (K, N) (0 where ``ignore``), differentiable; with ``hits`` also
-    whether target is the argmax (K, N) bool.
+    whether target is the argmax (K, N) bool. ``kern``: the model's kernels (None: torch ops;
+    :func:`~trainables.models.ckernels.applicable`).
 
     In training with the C kernels, one call each way (:class:`_OutputLayer`). Otherwise
     the bias is a weight row over a constant-1 feature (its gradient is then a gemm
@@ -119,8 +111,9 @@ def linear_cross_entropy(
     2.4x faster than one pass).
     """
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (u, w, b))
-    if grad and not hits and usable(u) is not None:
-        return _OutputLayer.apply(u, w, b, target.contiguous(), ignore), None
+    fused = applicable(kern, u)
+    if grad and not hits and fused is not None:
+        return _OutputLayer.apply(u, w, b, target.contiguous(), ignore, fused), None
     k, n, _ = u.shape
     v = w.shape[2]
     u = torch.cat([u, u.new_ones(k, n, 1)], -1)
@@ -130,7 +123,7 @@ def linear_cross_entropy(
     for n0 in range(0, n, step):
         logits = torch.bmm(u[:, n0 : n0 + step], w)  # (K, C, V)
         c = logits.shape[1]
-        ce, hit = cross_entropy(logits.view(k * c, v), target[:, n0 : n0 + step].reshape(-1), ignore, hits)
+        ce, hit = cross_entropy(logits.view(k * c, v), target[:, n0 : n0 + step].reshape(-1), ignore, hits, fused)
         parts.append(ce.view(k, c))
         if hit is not None:
             hit_parts.append(hit.view(k, c))
@@ -139,30 +132,34 @@ def linear_cross_entropy(
 
 
 def cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, ignore: int, hits: bool = False
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore: int,
+    hits: bool = False,
+    kern: KernelChoice = "default",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-entropy per row (M,) of logits (M, V) against target (M,) (0 where ``ignore``),
     differentiable; with ``hits`` also whether target is the row's argmax (M,) bool (the
-    first maximum, as torch's argmax)."""
-    kern = usable(logits)
-    if kern is None:
+    first maximum, as torch's argmax). ``kern`` as :func:`linear_cross_entropy`'s."""
+    fused = applicable(kern, logits)
+    if fused is None:
         ce = F.cross_entropy(logits, target, ignore_index=ignore, reduction="none")
-        return ce, (argmax_last(logits) == target) if hits else None
+        return ce, (argmax_last(logits, None) == target) if hits else None
     logits, target = logits.contiguous(), target.contiguous()
     if not (torch.is_grad_enabled() and logits.requires_grad):
-        m, v = logits.shape
+        m = logits.shape[0]
         ce = logits.new_empty(m)
         hit = torch.empty(m, dtype=torch.bool) if hits else None
-        kern.ce(m, v, ptr(logits), ptr(target), ignore, ptr(ce), None if hit is None else ptr(hit))
+        fused.ce(logits, target, ignore, ce, hit)
         return ce, hit
-    ce = _CrossEntropy.apply(logits, target, ignore)
-    return ce, (argmax_last(logits.detach()) == target) if hits else None
+    ce = _CrossEntropy.apply(logits, target, ignore, fused)
+    return ce, (argmax_last(logits.detach(), fused) == target) if hits else None
 
 
-def argmax_last(x: torch.Tensor) -> torch.Tensor:
+def argmax_last(x: torch.Tensor, kern: KernelChoice = "default") -> torch.Tensor:
     """``x.argmax(-1)`` (the first maximum; a NaN counts as the maximum), faster on a CPU.
 
-    With the C kernel: one pass per row. Without it, torch's CPU argmax scans each row
+    With the C kernel (``kern``, as :func:`linear_cross_entropy`'s): one pass per row. Without it, torch's CPU argmax scans each row
     serially (~1 ns per element, as does a comparison into ``bool``); then the row maxima
     come from a vectorised ``amax``, the 0/1 "is a maximum" matrix is written as floats,
     and the index is its product with ``0 .. V-1``; rows with other than one maximum
@@ -172,11 +169,11 @@ def argmax_last(x: torch.Tensor) -> torch.Tensor:
         return x.argmax(-1)
     v = x.shape[-1]
     rows = x.reshape(-1, v)
-    kern = usable(x)
-    if kern is not None:
+    fused = applicable(kern, x)
+    if fused is not None:
         rows = rows.contiguous()
         index = torch.empty(rows.shape[0], dtype=torch.int64)
-        kern.argmax(rows.shape[0], v, ptr(rows), ptr(index))
+        fused.argmax(rows, index)
         return index.view(x.shape[:-1])
     hit = torch.eq(rows, rows.amax(-1, keepdim=True), out=torch.empty_like(rows))  # (M, V)
     index = torch.mv(hit, torch.arange(v, dtype=x.dtype)).long()

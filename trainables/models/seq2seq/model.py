@@ -63,6 +63,7 @@ from trainables.configbase import FrozenConfig, added_field
 from trainables.data import SplitData, TokenRows
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
+from trainables.models.ckernels import CpuKernels, choice_name, cpu_kernels
 from trainables.models.seq2seq.decode import decode
 from trainables.models.seq2seq.fast import FastEngine
 from trainables.models.seq2seq.init import init_tf
@@ -285,11 +286,26 @@ class Seq2Seq(Model):
         )
         for name, (_, _, shape) in param_layout(build_modules(self.arch)).items():
             self.register_parameter(name, nn.Parameter(torch.empty(k, *shape)))
+        self.cpu_kernels: CpuKernels | None = cpu_kernels() if config.impl == "fast" else None
+        """The compiled CPU kernels, looked up once here (:mod:`ckernels`: the environment and
+        the build decide) and used by every computation of this model; None: torch ops."""
         self.engine: Engine
         if config.impl == "reference":
             self.engine = ReferenceEngine(self.arch)
         else:
-            self.engine = FastEngine(self.arch)
+            self.engine = FastEngine(self.arch, self.cpu_kernels)
+
+    @property
+    def kernels(self) -> str:
+        """``c`` where this model computes with the compiled CPU kernels (on a CPU, float32),
+        else ``torch``; recorded in its trials row."""
+        return choice_name(self.cpu_kernels, next(self.parameters()))
+
+    @property
+    def kernel_flags(self) -> str:
+        """The compiler flags of the kernels it computes with ("" for torch ops); recorded
+        in its trials row."""
+        return " ".join(self.cpu_kernels.flags) if self.cpu_kernels and self.kernels == "c" else ""
 
     # ------------------------------------------------------------------ parameters
     def init_member(self, member: int, generator: torch.Generator) -> None:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.data import BOS
-from trainables.models.ckernels import padded_output_layer, ptr, ptr_or_none, usable, whole_vectors
+from trainables.models.ckernels import KernelChoice, applicable, padded_output_layer, whole_vectors
 from trainables.models.seq2seq.cells import cell_step_eval
 from trainables.models.seq2seq.decode import greedy_decode
 from trainables.models.seq2seq.layout import IGNORE, Arch, Seq2SeqBatch
@@ -29,20 +29,25 @@ def short_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 
 def attend_one(
-    keys_t: torch.Tensor, q: torch.Tensor, bias: torch.Tensor, enc: torch.Tensor
+    keys_t: torch.Tensor,
+    q: torch.Tensor,
+    bias: torch.Tensor,
+    enc: torch.Tensor,
+    kern: KernelChoice = "default",
 ) -> torch.Tensor:
     """Attention of one query per row: keys_t (R, D, Sp) (each row's keys transposed), q
     (..., D) with R rows, bias (R, Sp) (-inf where masked), enc (R, S, E) -> context (R, E);
     keys and bias may be padded past the S source positions (Sp >= S), which are ignored.
-    One call of the C kernel on a CPU (``kernels/attention.c``), else a multiply-and-sum (a
+    With the kernels (``kern``, as :func:`~trainables.models.seq2seq.logits.linear_cross_entropy`'s)
+    one call of the C kernel on a CPU (``kernels/attention.c``), else a multiply-and-sum (a
     ``bmm`` of R one-row matrices costs 3-4x more)."""
-    r, d, sp = keys_t.shape
+    r, d, _ = keys_t.shape
     s, e = enc.shape[1:]
-    kern = usable(q)
-    if kern is not None:
-        keys_t, q, bias, enc = (x.contiguous() for x in (keys_t, q, bias, enc))
+    fused = applicable(kern, q)
+    if fused is not None:
+        keys_t, bias, enc = (x.contiguous() for x in (keys_t, bias, enc))
         ctx = q.new_empty(r, e)
-        kern.attend_one(r, s, sp, d, e, ptr(keys_t), ptr(q), ptr(bias), ptr(enc), ptr(ctx))
+        fused.attend_one(keys_t, q.reshape(r, d).contiguous(), bias, enc, ctx)
         return ctx
     scores = (keys_t[..., :s] * q.reshape(r, d, 1)).sum(1).add_(bias[:, :s])  # (R, S)
     return (enc * short_softmax(scores).unsqueeze(-1)).sum(1)
@@ -54,7 +59,8 @@ class FastStepper:
     Uses the evaluation weights (:class:`Weights`, ``evaluation``): the cell state is kept
     doubled (:func:`cell_step_eval`), layer 0's input projection is a table lookup, and
     the attention of one query per hypothesis is :func:`attend_one` (keys kept transposed and
-    padded to whole 16-lane vectors of source positions, ``(K * N, Hd, Sp)``).
+    padded to whole 16-lane vectors of source positions, ``(K * N, Hd, Sp)``). Its kernels
+    are the weights' (``w.kern``: the model's choice).
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class FastStepper:
         assert w.evaluation and w.tgt_table is not None
         k, b, s, he = enc.shape
         self.arch, self.w, self.k, self.n, self.width = arch, w, k, b * width, width
+        self.kern = w.kern
         self.h = torch.stack(h_fin).repeat_interleave(width, 2)  # (L, K, N, Hd)
         self.c2 = torch.stack(c_fin).repeat_interleave(width, 2).mul_(2.0)  # doubled cells
         self.enc = enc.repeat_interleave(width, 1).view(k * self.n, s, he)  # (K * N, S, He)
@@ -99,18 +106,18 @@ class FastStepper:
             else:
                 z = torch.baddbmm(layer.bias, x, layer.w_ih_t, out=self._z)
             z = z.baddbmm_(self.h[n], layer.w_hh.transpose(1, 2))
-            cell_step_eval(z, self.c2[n], self._s, c2_new[n], self._tc, h_new[n])
+            cell_step_eval(z, self.c2[n], self._s, c2_new[n], self._tc, h_new[n], self.kern)
             x = h_new[n]
         self.h, self.c2 = h_new, c2_new
         if self.keys_t is not None:
             assert w.comb_ctx_t is not None and w.comb_h_t is not None
-            ctx = attend_one(self.keys_t, x, self.bias, self.enc).view(self.k, self.n, -1)
+            ctx = attend_one(self.keys_t, x, self.bias, self.enc, self.kern).view(self.k, self.n, -1)
             x = w.tanh_(torch.baddbmm(torch.bmm(x, w.comb_h_t), ctx, w.comb_ctx_t))
         return torch.baddbmm(w.out_b, x, w.out_t)
 
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
         """Greedy step: prev (K, N) -> argmax tokens (K, N)."""
-        return argmax_last(self.step(prev))
+        return argmax_last(self.step(prev), self.kern)
 
     def greedy(self, steps: torch.Tensor) -> torch.Tensor:
         """:func:`greedy_decode` (K, B, max steps); on a CPU every step in one call of the C
@@ -121,7 +128,7 @@ class FastStepper:
 
     def in_c(self) -> bool:
         """Whether :meth:`decode_in_c` can run: the C kernels on this device, width 1."""
-        return self.width == 1 and usable(self.enc, self.arch.dec_hidden) is not None
+        return self.width == 1 and applicable(self.kern, self.enc, self.arch.dec_hidden) is not None
 
     def decode_in_c(
         self, steps: torch.Tensor, gold: Seq2SeqBatch | None = None
@@ -132,14 +139,13 @@ class FastStepper:
         goes on from the teacher-forced pass where a row's argmax leaves its gold tokens.
         Needs :meth:`in_c`. The stepper's states are left as they were."""
         a, w = self.arch, self.w
-        kern = usable(self.enc, a.dec_hidden)
+        kern = applicable(self.kern, self.enc, a.dec_hidden)
         assert kern is not None and self.width == 1 and w.tgt_table is not None
-        k, n, hd = self.k, self.n, a.dec_hidden
+        k, n = self.k, self.n
         t_max = int(steps.max()) if steps.numel() else 0
         tokens = torch.zeros(k, n, max(t_max, 1), dtype=torch.int64)
         v = w.out_t.shape[-1]
         out_t, out_b = padded_output_layer(w.out_t, w.out_b)  # (K, Hd, Vp), (K, Vp)
-        vp = out_t.shape[-1]
         layers = w.decoder
         w_hh_t = torch.stack([layer.w_hh.transpose(1, 2) for layer in layers]).contiguous()
         upper = layers[1:]
@@ -147,13 +153,10 @@ class FastStepper:
         bias = torch.stack([layer.bias[:, 0] for layer in upper]).contiguous() if upper else None
         h, c2 = self.h.contiguous(), self.c2.contiguous()  # (L, K, N, Hd)
         keys_t = mask = enc = comb_ctx_t = comb_h_t = None
-        s = sp = he = 0
         if self.keys_t is not None:
             assert w.comb_ctx_t is not None and w.comb_h_t is not None
             keys_t, mask, enc = self.keys_t, self.bias.contiguous(), self.enc.contiguous()
             comb_ctx_t, comb_h_t = w.comb_ctx_t.contiguous(), w.comb_h_t.contiguous()
-            s, sp, he = enc.shape[1], keys_t.shape[2], enc.shape[2]
-        tg = 0
         glen = gold_in = gold_out = ce = hit = None
         if gold is not None:
             tg = gold.tgt_in.shape[2]
@@ -161,17 +164,13 @@ class FastStepper:
             gold_in, gold_out = gold.tgt_in.contiguous(), gold.tgt_out.contiguous()
             ce = w.out_t.new_zeros(k, n, tg)
             hit = torch.zeros(k, n, tg, dtype=torch.bool)
-        steps32 = steps.to(torch.int32).contiguous()
-        failed = kern.decode(
-            k, n, len(layers), hd, he, s, sp, v, vp, a.tgt_vocab, tokens.shape[2], tg, BOS,
-            ptr(steps32), ptr_or_none(glen), ptr_or_none(gold_in), ptr_or_none(gold_out),
-            ptr(w.tgt_table), ptr_or_none(w_ih_t), ptr_or_none(bias), ptr(w_hh_t), ptr(h),
-            ptr(c2), ptr_or_none(keys_t), ptr_or_none(mask), ptr_or_none(enc),
-            ptr_or_none(comb_ctx_t), ptr_or_none(comb_h_t), ptr(out_t), ptr(out_b),
-            ptr_or_none(ce), ptr_or_none(hit), ptr(tokens),
+        kern.decode(
+            steps=steps.to(torch.int32).contiguous(), tokens=tokens, bos=BOS, table=w.tgt_table,
+            vocab=a.tgt_vocab, w_ih_t=w_ih_t, bias=bias, w_hh_t=w_hh_t, h0=h, c20=c2,
+            keys_t=keys_t, mask=mask, enc=enc, comb_ctx_t=comb_ctx_t, comb_h_t=comb_h_t,
+            out_t=out_t, out_b=out_b, classes=v, glen=glen, gold_in=gold_in, gold_out=gold_out,
+            ce=ce, hit=hit,
         )
-        if failed:
-            raise MemoryError("the C decoder could not allocate its buffers")
         tokens = tokens[:, :, :t_max]
         if gold is None:
             return tokens, None, None

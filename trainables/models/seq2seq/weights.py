@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trainables.models.ckernels import KernelChoice
 from trainables.models.seq2seq.cells import (
     double_g,
     lstm_sequence,
@@ -54,6 +55,9 @@ class Weights:
     """Evaluation: per encoder direction, ``emb W_ih^T + b`` of every source token (K * Vs, 4H)."""
     tgt_table: torch.Tensor | None = None
     """Evaluation: the same for decoder layer 0 over target tokens (K * Vt, 4Hd)."""
+    kern: KernelChoice = "default"
+    """The compiled CPU kernels every computation with these weights uses: the model's
+    choice, made once at its construction (None: torch ops; see :mod:`ckernels`)."""
 
     def lstm(
         self,
@@ -70,10 +74,10 @@ class Weights:
         ``active[t]`` rows (all where empty), and the layer projects its inputs itself."""
         if self.evaluation:
             xp = inputs if looked_up else project_inputs(inputs, layer)
-            return lstm_sequence_eval(xp, layer.w_hh, h0, c0)
+            return lstm_sequence_eval(xp, layer.w_hh, h0, c0, self.kern)
         assert not looked_up, "training has no projection tables"
         w_ih = layer.w_ih_t.transpose(1, 2)  # (K, 4H, in)
-        return lstm_sequence(inputs, w_ih, layer.w_hh, h0, c0, active, layer.bias)
+        return lstm_sequence(inputs, w_ih, layer.w_hh, h0, c0, active, layer.bias, self.kern)
 
     def tanh_(self, x: torch.Tensor) -> torch.Tensor:
         """tanh of a pre-activation made with the combine weights (doubled in evaluation)."""
@@ -96,7 +100,12 @@ def token_table(emb: torch.Tensor, layer: Layer) -> torch.Tensor:
     return torch.baddbmm(layer.bias, emb, layer.w_ih_t).flatten(0, 1)
 
 
-def build_weights(arch: Arch, p: Mapping[str, torch.Tensor], evaluation: bool = False) -> Weights:
+def build_weights(
+    arch: Arch,
+    p: Mapping[str, torch.Tensor],
+    evaluation: bool = False,
+    kern: KernelChoice = "default",
+) -> Weights:
     dirs = ["", "_reverse"][: arch.directions]
     layers = range(arch.layers)
     ev = evaluation
@@ -121,6 +130,7 @@ def build_weights(arch: Arch, p: Mapping[str, torch.Tensor], evaluation: bool = 
         evaluation=ev,
         src_table=[token_table(p["src_emb_weight"], cell) for cell in encoder[0]] if ev else None,
         tgt_table=token_table(p["tgt_emb_weight"], decoder[0]) if ev else None,
+        kern=kern,
     )
 
 
