@@ -19,6 +19,8 @@ tables and charts. Kinds:
   record from their own data (e.g. Dyck-1's ``fpf_trivial``, the FPF of the predictor that
   says "depth > 0" everywhere); per (point, split) its value beside the runs' ``metric``
   and how many runs beat it. Every chart and table of ``metric`` on a split shows it.
+* ``extreme_sb`` and ``ensemble_auc`` (Shah et al. 2020's simplicity bias and ensembles
+  of seeds): see :mod:`analysis.ensembles`, registered when this module loads.
 
 The statistics are pure functions on DataFrames whose docstrings state the table shapes
 (:func:`best_k_runs`, :func:`subset_summary`, :func:`checkpoint_fits`,

@@ -121,7 +121,9 @@ def ensemble_aucs(preds: pd.DataFrame, sizes: Sequence[int] = ()) -> pd.DataFram
             vals = [auc(score[g].mean(axis=1), positive) for g in groups]
             d = {"n": len(vals), "mean": np.nan, "min": np.nan, "max": np.nan}
             if vals:
-                d.update(mean=float(np.mean(vals)), min=float(np.min(vals)), max=float(np.max(vals)))
+                d.update(
+                    mean=float(np.mean(vals)), min=float(np.min(vals)), max=float(np.max(vals))
+                )
             row.update({f"ens{k}_{stat}": v for stat, v in d.items()})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -180,8 +182,11 @@ class ExtremeSB(Aggregate):
         keys = ("metric", "standard", "s_randomized", "sc_randomized")
         if not all(isinstance(raw.get(k), str) for k in keys):
             raise _fail(where, f"extreme_sb needs text values for {', '.join(keys)}, got {raw!r}")
-        return cls(*(str(raw[k]) for k in keys), _number(raw, "s_max", 0.55, where),
-                   _number(raw, "sc_tolerance", 0.02, where))  # fmt: skip
+        return cls(
+            str(raw["metric"]), str(raw["standard"]), str(raw["s_randomized"]),
+            str(raw["sc_randomized"]), _number(raw, "s_max", 0.55, where),
+            _number(raw, "sc_tolerance", 0.02, where),
+        )  # fmt: skip
 
     def axes(self) -> dict[str, Axis]:
         return {"std": Axis(self.standard, self.metric), "s_rand": Axis(self.s_randomized, self.metric),
@@ -229,8 +234,14 @@ class EnsembleAUC(Aggregate):
     @classmethod
     def parse(cls, raw: dict[str, Any], where: str) -> EnsembleAUC:
         splits, sizes = raw.get("splits"), raw.get("sizes", [])
-        if not isinstance(splits, list | tuple) or not splits or not all(isinstance(s, str) for s in splits):
-            raise _fail(f"{where}.splits", f"expected a non-empty list of split names, got {splits!r}")
+        if (
+            not isinstance(splits, list | tuple)
+            or not splits
+            or not all(isinstance(s, str) for s in splits)
+        ):
+            raise _fail(
+                f"{where}.splits", f"expected a non-empty list of split names, got {splits!r}"
+            )
         if not isinstance(sizes, list | tuple) or not all(
             isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in sizes
         ):

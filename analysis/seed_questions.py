@@ -77,13 +77,15 @@ def resolve_events(ctx: StudyContext, texts: Sequence[str] | None = None) -> lis
     if texts:
         events = [sv.parse_event(t) for t in texts]
         for e in events:
-            if (e.split, e.metric) not in logged:
+            for part in (e, e.after):  # the event's curve and its precondition's
+                if part is None or (part.split, part.metric) in logged:
+                    continue
                 choices = (
                     ", ".join(f"'{s} {m}'" for s, m in logged)
                     or "(none: the study logged no curves)"
                 )
                 raise AnalysisError(
-                    f"--event {e.label!r}: study {ctx.name!r} logged no {e.split} {e.metric} curve; "
+                    f"--event {e.label!r}: study {ctx.name!r} logged no {part.split} {part.metric} curve; "
                     f"use one of its SPLIT METRIC pairs: {choices}"
                 )
         return events
@@ -91,7 +93,7 @@ def resolve_events(ctx: StudyContext, texts: Sequence[str] | None = None) -> lis
     out = []
     for i, value in enumerate(raw):
         e = sv.event_from_declaration(value, f"events[{i}]")
-        if (e.split, e.metric) in logged:
+        if (e.split, e.metric) in logged and (e.after is None or (e.after.split, e.after.metric) in logged):
             out.append(e)
         else:
             ctx.notes.append(f"declared event {e.label!r} skipped: no {e.split} {e.metric} curve")
@@ -155,7 +157,8 @@ def study_events(
     )
     for e in events:
         curves, unit = event_curves(ctx, e)
-        outcomes = sv.run_outcomes(curves, run_budgets(ctx, unit), e)
+        after = event_curves(ctx, e.after)[0] if e.after is not None else None
+        outcomes = sv.run_outcomes(curves, run_budgets(ctx, unit), e, after)
         summary, km = sv.event_summary(outcomes, level=level, points=points)
         res = EventResult(e, unit, outcomes, summary, km)
         early = int((outcomes["outcome"] == "early_stop").sum())

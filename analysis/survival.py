@@ -92,11 +92,17 @@ class Event:
     """The level to cross."""
     name: str = ""
     """A word for it (``learns``, ``groks``); empty: none."""
+    after: Event | None = None
+    """A precondition: the event counts only at or after the first logged time this other
+    event was reached (``groks``: test accuracy >= 0.95 after train accuracy >= 0.99)."""
 
     @property
     def label(self) -> str:
-        """``learns: val accuracy >= 0.5`` (``val accuracy >= 0.5`` without a name)."""
+        """``learns: val accuracy >= 0.5`` (``val accuracy >= 0.5`` without a name; with
+        ``after``, ``... after train accuracy >= 0.99``)."""
         base = f"{self.split} {self.metric} {self.op} {self.threshold:g}"
+        if self.after is not None:
+            base += f" after {self.after.split} {self.after.metric} {self.after.op} {self.after.threshold:g}"
         return f"{self.name}: {base}" if self.name else base
 
     def reached(self, values: Any) -> np.ndarray:
@@ -107,12 +113,18 @@ class Event:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "split": self.split, "metric": self.metric, "op": self.op,
-                "threshold": self.threshold, "label": self.label}  # fmt: skip
+                "threshold": self.threshold, "label": self.label,
+                **({"after": self.after.as_dict()} if self.after is not None else {})}  # fmt: skip
 
 
 def parse_event(text: str, where: str = "--event") -> Event:
-    """``"[NAME:] SPLIT METRIC OP THRESHOLD"`` (e.g. ``"learns: val accuracy >= 0.5"``) as an
-    :class:`Event`; raises :class:`AnalysisError` naming ``where`` and the form."""
+    """``"[NAME:] SPLIT METRIC OP THRESHOLD [after SPLIT METRIC OP THRESHOLD]"`` (e.g.
+    ``"learns: val accuracy >= 0.5"``) as an :class:`Event`; raises :class:`AnalysisError`
+    naming ``where`` and the form."""
+    head, sep, tail = (text or "").partition(" after ")
+    if sep:
+        event, after = parse_event(head, where), parse_event(tail, where)
+        return Event(event.split, event.metric, event.op, event.threshold, event.name, after)
     m = _EVENT_RE.match(text or "")
     thr = _number(m.group("thr")) if m else None
     if m is None or thr is None:
@@ -134,14 +146,16 @@ def _number(text: str) -> float | None:
 
 def event_from_declaration(value: Any, where: str) -> Event:
     """A task's declared event: the text form of :func:`parse_event`, or a dict
-    ``{"name"?, "split", "metric", "op", "threshold"}``."""
+    ``{"name"?, "split", "metric", "op", "threshold", "after"?}`` (``after``: an event in
+    either form, the precondition)."""
     if isinstance(value, str):
         return parse_event(value, where)
     if isinstance(value, dict) and {"split", "metric", "op", "threshold"} <= set(value):
         op, thr = str(value["op"]), _number(str(value["threshold"]))
+        after = value.get("after")
         if op in OPERATORS and thr is not None:
-            return Event(str(value["split"]), str(value["metric"]), op, thr,
-                         str(value.get("name") or ""))  # fmt: skip
+            return Event(str(value["split"]), str(value["metric"]), op, thr, str(value.get("name") or ""),
+                         None if after is None else event_from_declaration(after, f"{where}.after"))  # fmt: skip
     raise AnalysisError(
         f"analysis declaration {where}: expected 'SPLIT METRIC OP THRESHOLD' or "
         f"{{'name', 'split', 'metric', 'op', 'threshold'}} with op one of {', '.join(OPERATORS)}, "
@@ -154,7 +168,9 @@ def event_from_declaration(value: Any, where: str) -> Event:
 OUTCOME_COLUMNS = ("point", "trial_id", "seed", "status", "time", "last_time", "budget", "outcome")
 
 
-def run_outcomes(curves: pd.DataFrame, runs: pd.DataFrame, event: Event) -> pd.DataFrame:
+def run_outcomes(
+    curves: pd.DataFrame, runs: pd.DataFrame, event: Event, after_curves: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Each run's time to ``event`` and its outcome.
 
     ``curves``: the event's split and metric, one row per (trial_id, seed, time) with
@@ -164,11 +180,19 @@ def run_outcomes(curves: pd.DataFrame, runs: pd.DataFrame, event: Event) -> pd.D
     for it), early_stop (bool: whether the run could stop early). Runs without a curve are
     left out. Returns :data:`OUTCOME_COLUMNS`, one row per run: ``time`` is the event's
     time, or the censoring/divergence time (the run's last logged time); ``outcome`` one
-    of :data:`OUTCOMES`.
+    of :data:`OUTCOMES`. ``after_curves`` (same columns): the curve of ``event.after``, whose
+    first crossing a hit must not precede (a run that never crosses it has no event).
     """
     c = curves.dropna(subset=["time"]).sort_values(["trial_id", "seed", "time"], kind="stable")
     c = c.drop_duplicates(["trial_id", "seed", "time"], keep="first")
     hit = c[event.reached(c["value"].to_numpy())]
+    if event.after is not None:
+        if after_curves is None:
+            raise AnalysisError(f"event {event.label!r}: the curve of its 'after' condition is missing")
+        a = after_curves.dropna(subset=["time"])
+        since = a[event.after.reached(a["value"].to_numpy())].groupby(["trial_id", "seed"])["time"].min()
+        start = hit.join(since.rename("since"), on=["trial_id", "seed"])["since"]
+        hit = hit[start.notna() & (hit["time"] >= start)]
     first = hit.groupby(["trial_id", "seed"])["time"].min()
     last = c.groupby(["trial_id", "seed"])["time"].max()
     longest = c.groupby("trial_id")["time"].max()

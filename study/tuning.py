@@ -59,11 +59,12 @@ from study.tuning_config import (
     Objective,
     ParamSpace,
     TuneBlock,
+    bundle_batch,
     candidate_point,
     tune_block,
 )
 from trainables.errors import StudyStateError
-from trainables.results import committed, write_rows
+from trainables.results import committed, read_rows, write_rows
 from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
@@ -117,8 +118,12 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
     }
 
 
-def make_sampler(block: TuneBlock, position: int) -> Any:
-    """The sampler for the candidate at ``position``, seeded from (sampler_seed, position)."""
+def make_sampler(block: TuneBlock, position: int, batched: bool = False) -> Any:
+    """The sampler for the candidate at ``position``, seeded from (sampler_seed, position).
+
+    TPE runs with ``constant_liar`` (running candidates count with a pessimistic value, so
+    proposals made while others run spread out) unless one candidate runs at a time:
+    ``sequential`` without ``batched`` (a batch asks several candidates before any ends)."""
     import optuna
 
     seed = int(
@@ -127,7 +132,9 @@ def make_sampler(block: TuneBlock, position: int) -> Any:
     if block.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=block.startup_trials, constant_liar=not block.sequential
+        seed=seed,
+        n_startup_trials=block.startup_trials,
+        constant_liar=batched or not block.sequential,
     )
 
 
@@ -279,12 +286,20 @@ def ray_classes() -> tuple[type, type]:
     return FinelineSearch, CandidateLog
 
 
-def _write_pruned(template: dict[str, Any], params: dict[str, Any], result: dict[str, Any]) -> None:
+def _write_pruned(
+    template: dict[str, Any],
+    params: dict[str, Any],
+    result: dict[str, Any],
+    unit_id: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     """A ``trials`` row (status ``pruned``, no objective) for a candidate ASHA stopped.
 
     A pruned candidate commits no seed (no runs row), so this one-row file, named by its
     ``unit_id`` and written atomically, is its commit unit of its own; the ``trials`` view
-    shows it (``seeds`` empty) until that unit commits seeds (``analysis.db``)."""
+    shows it (``seeds`` empty) until that unit commits seeds (``analysis.db``). A candidate
+    pruned inside a bundle of several (``unit_id``: the bundle's; ``extra``: its
+    ``optuna_number`` and ``bundle_members``) has the file ``pruned-<unit_id>-<trial_id>``."""
     import datetime as dt
     import socket
 
@@ -293,7 +308,7 @@ def _write_pruned(template: dict[str, Any], params: dict[str, Any], result: dict
     row = {
         "study": u["study"],
         "trial_id": u["trial_id"],
-        "unit_id": u["unit_id"],
+        "unit_id": unit_id or u["unit_id"],
         "seeds": [s["index"] for s in u["seeds"]],
         "task": spec["task"]["name"],
         "model": spec["model"]["name"],
@@ -314,8 +329,10 @@ def _write_pruned(template: dict[str, Any], params: dict[str, Any], result: dict
         "pruned_objective": float(result.get("objective", math.nan)),
         "pruned_epoch": int(result.get("epoch", 0)),
         "pruned_step": int(result.get("opt_step", 0)),
+        **(extra or {}),
     }
-    write_rows(Path(u["out"]), u["study"], "trials", u["unit_id"], [row])
+    stem = u["unit_id"] if unit_id is None else f"pruned-{unit_id}-{u['trial_id']}"
+    write_rows(Path(u["out"]), u["study"], "trials", stem, [row])
 
 
 def reconcile(
@@ -324,8 +341,12 @@ def reconcile(
     """Settle candidates a killed driver left RUNNING; returns the numbers re-queued.
 
     All K seeds committed -> told to Optuna with the objective recomputed from Parquet;
+    pruned inside a bundle (its ``trials`` row with status ``pruned`` and its
+    ``optuna_number`` exists: the row is written before Optuna is told) -> PRUNED;
     otherwise FAIL, and the same params are enqueued to run first (their partial rows are
-    replaced, since a candidate's files are named by trial_id and seed).
+    replaced, since a candidate's files are named by trial_id and seed; a replay with
+    committed seeds, user attribute ``committed_seeds``, is never pruned in a bundle, so it
+    does replace them).
     """
     import optuna
 
@@ -338,6 +359,11 @@ def reconcile(
     study_id = storage.get_study_id_from_name(name)
     obj = block.objective
     requeued = []
+    pruned = {
+        int(r["optuna_number"])
+        for r in read_rows(out, name, "trials", ["status", "optuna_number"])
+        if r["status"] == "pruned" and r["optuna_number"] is not None
+    }
     con = connect(out, studies=[name])
     try:
         for t in running:
@@ -352,7 +378,9 @@ def reconcile(
                     [name, trial_id, obj.split, obj.metric],
                 ).fetchall()
             )
-            if all(s in rows for s in seeds):
+            if t.number in pruned and not all(s in rows for s in seeds):
+                study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
+            elif all(s in rows for s in seeds):
                 stats = objective_stats([rows[s] for s in seeds], obj.aggregate)
                 tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
                 for key, value in stats.items():
@@ -360,7 +388,10 @@ def reconcile(
                 study.tell(t.number, _told_value(stats["objective"], str(block.direction)))
             else:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-                study.enqueue_trial(dict(t.params), user_attrs={"replay_of": t.number})
+                attrs: dict[str, Any] = {"replay_of": t.number}
+                if rows:  # some seeds committed: the replay must replace them, so it is never pruned
+                    attrs["committed_seeds"] = sorted(int(s) for s in rows)
+                study.enqueue_trial(dict(t.params), user_attrs=attrs)
                 requeued.append(t.number)
     finally:
         con.close()
@@ -410,9 +441,12 @@ def run_tuning(
     block = tune_block(cfg)
     n_trials = trials or block.trials
     analysis = check_before_ray(cfg, address, num_cpus)
+    batch, note = bundle_batch(cfg, block, resolve_device(cfg))
     _check_resume(out, name, block)
     with study_lock(out, name):
-        return _tune_locked(cfg, name, out, n_trials, address, num_cpus, block, analysis)
+        if note:
+            console.print(note)
+        return _tune_locked(cfg, name, out, n_trials, address, num_cpus, block, analysis, batch)
 
 
 def _tune_locked(
@@ -424,8 +458,10 @@ def _tune_locked(
     num_cpus: int | None,
     block: TuneBlock,
     analysis: dict[str, Any],
+    batch: int = 1,
 ) -> dict[str, int]:
-    """:func:`run_tuning` once its inputs are checked and this driver holds the study's lock."""
+    """:func:`run_tuning` once its inputs are checked and this driver holds the study's lock;
+    ``batch``: candidates per bundle (:func:`~study.tuning_config.bundle_batch`)."""
     import optuna
 
     url = storage_url(out, name)
@@ -465,7 +501,14 @@ def _tune_locked(
             stops = runner.SIGNALS
             if address:
                 warn_cluster_resources(cfg)
-            errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
+            if batch > 1:
+                from study.tuning_bundles import launch_bundles
+
+                errors = launch_bundles(
+                    cfg, block, template, storage, storage_path, resources, finished, n_trials, batch
+                )
+            else:
+                errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
@@ -489,6 +532,7 @@ def _tune_locked(
             stops.exit_code if interrupted and stops is not None else 1,
         )
     shutil.rmtree(storage_path, ignore_errors=True)
+    shutil.rmtree(out / name / "pruned", ignore_errors=True)  # bundles' pruning decisions
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
 
 

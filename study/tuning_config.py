@@ -8,7 +8,7 @@ test data never reaches the sampler. Running the search is :mod:`study.tuning`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,8 @@ from study.config import Point, StudyConfig
 from study.plan import seedsets
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
+from trainables.optim import PER_MEMBER
+from trainables.registry import MODELS
 from trainables.spec import RunSpec, validate
 from trainables.tuning_unit import apply_params
 
@@ -39,7 +41,16 @@ SEARCH_IDENTITY = (
     "sampler_seed",
     "startup_trials",
 )
-"""TuneBlock fields a resumed search must keep (``trials``, ``sequential``, pruning may change)."""
+"""TuneBlock fields a resumed search must keep (``trials``, ``sequential``, ``batch``, pruning
+may change)."""
+
+BUNDLABLE = tuple(f"{block}.{name}" for block, name in PER_MEMBER.values() if name != "adam_betas")
+"""Searched fields in which candidates of one bundle may differ (the numeric per-member
+hyperparameters of :mod:`trainables.optim`): a space of only these can be tuned in bundles."""
+
+AUTO_MEMBERS = 64
+"""``batch: auto``: members of one bundle on a GPU, or on a CPU when the model sets no
+``cpu_bundle_cap`` (as ``execution.bundle_size: auto`` does for seeds)."""
 
 
 class ParamSpace(FrozenConfig):
@@ -97,6 +108,13 @@ class TuneBlock(FrozenConfig):
     """ASHA: epochs (optimizer steps for step-based training) before a candidate can be stopped."""
     reduction_factor: int = Field(3, ge=2)
     """ASHA: keep about 1/reduction_factor of the candidates at each rung."""
+    batch: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Candidates asked of Optuna at once and trained, each with its paired seeds, as ONE
+    bundle of ``batch x seeds_per_candidate`` members (docs/tuning.md, "Tuning in bundles").
+    1: one candidate per bundle. ``auto``: as many as fit where bundling still pays on the
+    device (a CPU: the model's ``cpu_bundle_cap`` members, else 64; a GPU: 64). Needs a space
+    of per-member hyperparameters only (train.lr, train.weight_decay, train.momentum,
+    train.clip_norm, model.dropout); any other searched field trains one candidate per bundle."""
 
 
 def tune_block(cfg: StudyConfig) -> TuneBlock:
@@ -219,6 +237,40 @@ def _check_leakage(cfg: StudyConfig, block: TuneBlock) -> None:
                 "splits (a test split would leak into model selection)",
                 f"use one of: {allowed}",
             )
+
+
+def bundle_batch(cfg: StudyConfig, block: TuneBlock, device: str) -> tuple[int, str]:
+    """Candidates per bundle for ``block`` on ``device`` (``cpu`` or ``cuda``) and, when that
+    is not what ``tune.batch`` asks for, why (a line for the console; "" otherwise).
+
+    Raises ConfigError when an integer ``batch`` makes bundles larger than the model allows
+    (``Model.max_bundle``, e.g. a one-seed reference implementation)."""
+    assert block.space is not None
+    if block.batch == 1:
+        return 1, ""
+    other = [p for p in block.space if p not in BUNDLABLE]
+    if other:
+        return 1, (
+            f"note: tune.batch {block.batch} not used: candidates that differ in {other[0]} cannot "
+            f"share a bundle (only {', '.join(BUNDLABLE)} can); one candidate per bundle"
+        )
+    spec, k = cfg.points[0].spec, block.seeds_per_candidate
+    model_cls = MODELS.get(spec.model_name)
+    limit = model_cls.max_bundle(spec.model)
+    if block.batch != "auto":
+        if limit is not None and int(block.batch) * k > limit:
+            raise ConfigError(
+                "tune.batch",
+                f"{block.batch} candidates x {k} seeds = {int(block.batch) * k} members, but model "
+                f"{spec.model_name!r} with this config trains at most {limit} in one bundle",
+                f"use tune.batch <= {max(1, limit // k)} (or `auto`)",
+            )
+        return int(block.batch), ""
+    cap = AUTO_MEMBERS if device == "cuda" else (model_cls.cpu_bundle_cap or AUTO_MEMBERS)
+    if limit is not None:
+        cap = min(cap, limit)
+    batch = max(1, cap // k)
+    return batch, f"tune.batch auto: {batch} candidate(s) x {k} seeds per bundle on {device}"
 
 
 def candidate_point(point: Point, block: TuneBlock) -> Point:

@@ -76,10 +76,10 @@ def test_the_new_fields_at_their_defaults_keep_the_trial_id() -> None:
 
 def _run(k: int = 1, **train: Any) -> BundleRun:
     spec = RunSpec.from_dict({
-        "task": {"name": "toy2d", "n_train": 64, "n_eval": 32, "grid": (-1.0, 1.0, 3)},
+        "task": {"name": "xor_cluster", "dim": 6, "mu_norm": 3.0, "n_train": 64, "n_test": 32},
         "model": {"name": "mlp_plain", "hidden": (8,)},
         "train": {"optimizer": "adamw", "lr": 0.05, "weight_decay": 0.5, "adam_betas": (0.9, 0.98),
-                  "batch_size": 64, "loss_reduction": "mean", "eval_every_steps": 4,
+                  "adam_eps": 1e-4, "batch_size": 64, "loss_reduction": "mean", "eval_every_steps": 4,
                   "selection": {"mode": "last", "early_stop": False}, **train},
     })  # fmt: skip
     seeds = [derive_seedset(5, i) for i in range(k)]
@@ -121,7 +121,7 @@ def test_warmup_and_cosine_train_as_torch_adamw_with_lambdalr() -> None:
     module = run.model.member_module(0)
     data = run.train_split.data
     x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
-    opt = torch.optim.AdamW(module.parameters(), lr=0.05, betas=(0.9, 0.98), weight_decay=0.5, foreach=False)
+    opt = torch.optim.AdamW(module.parameters(), lr=0.05, betas=(0.9, 0.98), eps=1e-4, weight_decay=0.5, foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: lr_factor(t, "cosine", warmup, steps))
     for _ in range(steps):
         opt.zero_grad()

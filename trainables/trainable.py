@@ -38,8 +38,16 @@ from trainables.runtime import configure_worker
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task
-from trainables.trackers import BundleTrackers
-from trainables.tuning_unit import aggregate, objective_curve, objective_stats, unit_from_template
+from trainables.trackers import BundleTrackers, SeedRun
+from trainables.tuning_unit import (
+    OBJECTIVE_KEYS,
+    aggregate,
+    bundle_from_template,
+    objective_curve,
+    objective_stats,
+    read_pruned,
+    unit_from_template,
+)
 from trainables.weights import hashes_of_test_splits, save_weights, weights_meta, weights_relpath
 
 
@@ -64,7 +72,9 @@ class FinelineTrainable(tune.Trainable):
 
     def _start(self, config: dict[str, Any]) -> None:
         self.cleanup()  # a reused actor: the previous unit's tracker runs end (e.g. ASHA stopped it)
-        if "template" in config:  # a tuning candidate: params sampled by Optuna
+        if "candidates" in config:  # several tuning candidates x their seeds (tune.batch)
+            self.unit = bundle_from_template(config["template"], config["candidates"])
+        elif "template" in config:  # a tuning candidate: params sampled by Optuna
             params = {k: config[k] for k in config["template"]["space_keys"]}
             self.unit = unit_from_template(config["template"], params)
         elif "unit_index" in config:
@@ -75,16 +85,74 @@ class FinelineTrainable(tune.Trainable):
         configure_worker(int(self.unit.get("threads", 1)))
         self.round_budget_s = float(self.unit.get("report_every_s", 2.0))
         self.spec = worker_spec(self.unit)
+        self.candidates: list[dict[str, Any]] = list(self.unit.get("candidates", []))
+        """A bundle of tuning candidates: each one's unit payload, in member order (else empty)."""
+        self.pruned: set[int] = set()
+        """Optuna numbers of this bundle's candidates that the driver's pruner stopped."""
+        self.each_round = bool(self.candidates) and bool(self.unit.get("each_round"))
+        """Report after every evaluation (a bundle whose candidates a pruner judges)."""
         seeds = [SeedSet(**s) for s in self.unit["seeds"]]
         task, data = self._data(seeds[0].data_seed)
-        self.run = BundleRun(self.spec, seeds, task, data, resolve_device(self.unit["device"]))
+        self.run = BundleRun(
+            self.spec, seeds, task, data, resolve_device(self.unit["device"]), member_specs=self._member_specs()
+        )
         self.started_at = dt.datetime.now(dt.UTC)
         self.committed = False
         self._final: dict[str, float] = {}
-        self.trackers = BundleTrackers.from_unit(self.unit)
+        self._finals: dict[int, dict[str, float]] = {}
+        """A bundle of candidates: each committed candidate's objective and spread, by number."""
+        self.trackers = self._trackers()
         """The seeds' experiment-tracker runs (``execution.loggers``; None: none asked for)."""
         self._curve_at = [0] * len(seeds)
         """Rows of each member's metrics already in an ``objective_curve`` result."""
+
+    def _groups(self) -> list[tuple[dict[str, Any], list[int]]]:
+        """(payload, members) per config the bundle trains: the unit with every member, or
+        each tuning candidate with its K paired seeds (members ``c * K .. c * K + K - 1``)."""
+        if not self.candidates:
+            return [(self.unit, list(range(len(self.unit["seeds"]))))]
+        k = int(self.unit["per_candidate"])
+        return [(c, list(range(i * k, (i + 1) * k))) for i, c in enumerate(self.candidates)]
+
+    def _member_specs(self) -> list[RunSpec] | None:
+        """Each member's own config where a bundle holds several candidates (else None)."""
+        if len(self.candidates) < 2:
+            return None
+        return [RunSpec.from_dict(c["spec"]) for c, ks in self._groups() for _ in ks]
+
+    def _trackers(self) -> BundleTrackers | None:
+        """The seeds' tracker runs, each under its own config's trial_id."""
+        if not self.candidates:
+            return BundleTrackers.from_unit(self.unit)
+        u = self.unit
+        if not u.get("loggers"):
+            return None
+        runs = [
+            SeedRun(
+                out=str(u["out"]), study=str(u["study"]), trial_id=str(c["trial_id"]),
+                task=str(u["spec"]["task"]["name"]), model=str(u["spec"]["model"]["name"]),
+                seeds=dict(u["seeds"][k]), point=str(c["point_json"]), config=dict(c["flat"]),
+            )
+            for c, ks in self._groups()
+            for k in ks
+        ]
+        return BundleTrackers(u["loggers"], runs)
+
+    def _apply_pruning(self) -> None:
+        """Stop the members of the candidates the driver pruned since the last step (its
+        pruned file, :func:`~trainables.tuning_unit.read_pruned`): they leave the loss at
+        once and the model's rows at compaction; the other members go on unchanged."""
+        u = self.unit
+        new = read_pruned(u["out"], u["study"], u["unit_id"]) - self.pruned
+        new &= {int(c["number"]) for c in self.candidates}
+        if not new:
+            return
+        self.pruned |= new
+        for c, ks in self._groups():
+            if int(c["number"]) in new:
+                for k in ks:
+                    self.run.members[k].status = "pruned"
+        self.run._compact()  # what the end of a round does for stopped members
 
     def _data(self, data_seed: int) -> tuple[Task, TaskData]:
         key = (str(self.unit["spec"]["task"]), data_seed)
@@ -109,22 +177,32 @@ class FinelineTrainable(tune.Trainable):
                 f"{problem} on node {socket.gethostname()}. Fix: mount the same shared filesystem "
                 "at the same path on every node, writable by the user running Ray (docs/cluster.md)"
             )
+        if self.candidates:
+            self._apply_pruning()
         t0 = time.perf_counter()
         info: dict[str, Any] = {}
         while not self.run.done and (time.perf_counter() - t0) < self.round_budget_s:
             info = self.run.train_round()
+            if self.each_round:
+                break
         if self.trackers is not None:
             self.trackers.update([m.metrics for m in self.run.members])
         at = f"step {self.run.step}" if self.run.step_based else f"epoch {self.run.epoch}"
         result = {"epoch": self.run.epoch, "opt_step": self.run.step, "at": at, **info, **self._selection()}
-        if self.objective is not None:
+        if self.candidates:
+            result["candidate_curves"] = self._candidate_curves()
+        elif self.objective is not None:
             result["objective"] = self._epoch_objective()
             result["objective_curve"] = self._objective_curve()
         if self.run.done:
             if self.trackers is not None:
                 self.trackers.close()  # every tracker run flushed before its seed commits
             final = self._commit()
-            if self.objective is not None:
+            if self.candidates:
+                result["candidates_final"] = [
+                    [n, *(stats[key] for key in OBJECTIVE_KEYS)] for n, stats in self._finals.items()
+                ]
+            elif self.objective is not None:
                 result.update(final)
             result["committed_seeds"] = self._committed_seeds()
             result["done"] = True
@@ -145,6 +223,7 @@ class FinelineTrainable(tune.Trainable):
              "selected": f"step {m.best_step}" if self.run.step_based else f"epoch {m.best_epoch}",
              "value": m.best_value}
             for m in self.run.members
+            if m.status != "pruned"
         ]
 
     def _epoch_objective(self) -> float:
@@ -167,12 +246,34 @@ class FinelineTrainable(tune.Trainable):
         """The candidate's per-epoch objective since the last result, ``[epoch or step, value]``
         pairs (Optuna's intermediate values: its learning curve in optuna-dashboard). After a
         restore from a checkpoint the whole curve is sent again (the searcher skips known steps)."""
-        obj, members = self.objective or {}, self.run.members
+        obj = self.objective or {}
+        new = self._new_metric_rows()
+        return objective_curve(new, obj.get("split", ""), obj.get("metric", ""), obj.get("aggregate", "mean"))
+
+    def _new_metric_rows(self) -> list[list[dict[str, Any]]]:
+        """Each member's ``metrics`` rows since the last result (all of them after a restore)."""
+        members = self.run.members
         if any(len(m.metrics) < at for m, at in zip(members, self._curve_at, strict=True)):
             self._curve_at = [0] * len(members)
         new = [m.metrics[at:] for m, at in zip(members, self._curve_at, strict=True)]
         self._curve_at = [len(m.metrics) for m in members]
-        return objective_curve(new, obj.get("split", ""), obj.get("metric", ""), obj.get("aggregate", "mean"))
+        return new
+
+    def _candidate_curves(self) -> list[list[Any]]:
+        """A bundle of candidates: ``[number, curve]`` per candidate with new points, its curve
+        as :meth:`_objective_curve`'s over its own seeds (what the driver reports to Optuna
+        and prunes on)."""
+        obj, new = self.objective or {}, self._new_metric_rows()
+        out: list[list[Any]] = []
+        for c, ks in self._groups():
+            if int(c["number"]) in self.pruned:
+                continue
+            curve = objective_curve(
+                [new[k] for k in ks], obj.get("split", ""), obj.get("metric", ""), obj.get("aggregate", "mean")
+            )
+            if curve:
+                out.append([int(c["number"]), curve])
+        return out
 
     def _final_objective(self, member_rows: list[dict[str, Any]]) -> dict[str, float]:
         """Objective and spread over every seed, at each seed's selected epoch."""
@@ -191,49 +292,63 @@ class FinelineTrainable(tune.Trainable):
         if self.committed:
             return self._final
         u = self.unit
-        out, study, trial_id = Path(u["out"]), u["study"], u["trial_id"]
+        out, study = Path(u["out"]), u["study"]
         node = ray_node_id()
         run = self.run
         member_rows = run.finalize()
         now = dt.datetime.now(dt.UTC)
-        statuses = [r["run"][0]["status"] for r in member_rows]
-        self._final = self._final_objective(member_rows) if self.objective is not None else {}
-        # The unit's trials row goes into each seed's commit (with its seed), so the
-        # ``trials`` view, derived from committed seeds, never runs ahead of ``runs``.
-        unit_row = {
-            "study": study, "trial_id": trial_id, "unit_id": u["unit_id"], "task": self.spec.task_name,
-            "model": self.spec.model_name, "config_hash": u["config_hash"],
-            "config_json": u["config_json"], "point_json": u["point_json"],
-            "status": "partial" if "diverged" in statuses else "ok",
-            "started_at": self.started_at, "ended_at": now, "node": node,
-            "hostname": socket.gethostname(), "git_sha": u.get("git_sha", ""),
-            "versions_json": u.get("versions_json", "{}"), "bundle_size": len(u["seeds"]),
-            "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
-            "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
-            **u.get("flat", {}), **self._final,
-        }
         keep = bool(u.get("keep_weights", False))
         hashes = hashes_of_test_splits(run.data) if keep else {}
-        for k, (seedset, rows) in enumerate(zip(u["seeds"], member_rows, strict=True)):
-            keyed = {
-                name: [{"study": study, "trial_id": trial_id, **r} for r in rows[name]]
-                for name in ("metrics", "evals", "predictions")
+        # A bundle of tuning candidates commits each one's seeds under its own trial_id (its
+        # trials row names the bundle's unit_id); a pruned candidate commits nothing.
+        bundle = {"bundle_members": len(u["seeds"])} if self.candidates else {}
+        for cfg, ks in self._groups():
+            number = cfg.get("number")
+            if number is not None and int(number) in self.pruned:
+                continue
+            trial_id = cfg["trial_id"]
+            statuses = [member_rows[k]["run"][0]["status"] for k in ks]
+            final = self._final_objective([member_rows[k] for k in ks]) if self.objective is not None else {}
+            if number is None:
+                self._final = final
+            else:
+                self._finals[int(number)] = final
+            # The unit's trials row goes into each seed's commit (with its seed), so the
+            # ``trials`` view, derived from committed seeds, never runs ahead of ``runs``.
+            unit_row = {
+                "study": study, "trial_id": trial_id, "unit_id": u["unit_id"], "task": self.spec.task_name,
+                "model": self.spec.model_name, "config_hash": u["config_hash"],
+                "config_json": cfg["config_json"], "point_json": cfg["point_json"],
+                "status": "partial" if "diverged" in statuses else "ok",
+                "started_at": self.started_at, "ended_at": now, "node": node,
+                "hostname": socket.gethostname(), "git_sha": u.get("git_sha", ""),
+                "versions_json": u.get("versions_json", "{}"), "bundle_size": len(ks),
+                "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
+                "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
+                **cfg.get("flat", {}), **final, **bundle,
+                **({"optuna_number": int(number)} if number is not None else {}),
             }
-            keyed["trials"] = [{**unit_row, "seed": seedset["index"]}]
-            best = run.members[k].best_params
-            kept = weights_relpath(study, trial_id, seedset["index"]) if keep and best is not None else None
-            run_row = {
-                "study": study, "trial_id": trial_id, "unit_id": u["unit_id"],
-                "seed": seedset["index"], "init_seed": seedset["init_seed"],
-                "order_seed": seedset["order_seed"], "dropout_seed": seedset["dropout_seed"],
-                "data_seed": seedset["data_seed"], **rows["run"][0], "node": node,
-                "wall_s": run.wall_s, "committed_at": dt.datetime.now(dt.UTC), "weights": kept,
-            }
-            save = None
-            if kept is not None and best is not None:
-                meta = weights_meta(u, k, rows["run"][0], hashes)
-                save = functools.partial(save_weights, out / kept, best, meta)
-            commit_seed(out, study, trial_id, seedset["index"], keyed, run_row, keep=save)
+            for k in ks:
+                seedset, rows = u["seeds"][k], member_rows[k]
+                keyed = {
+                    name: [{"study": study, "trial_id": trial_id, **r} for r in rows[name]]
+                    for name in ("metrics", "evals", "predictions")
+                }
+                keyed["trials"] = [{**unit_row, "seed": seedset["index"]}]
+                best = run.members[k].best_params
+                kept = weights_relpath(study, trial_id, seedset["index"]) if keep and best is not None else None
+                run_row = {
+                    "study": study, "trial_id": trial_id, "unit_id": u["unit_id"],
+                    "seed": seedset["index"], "init_seed": seedset["init_seed"],
+                    "order_seed": seedset["order_seed"], "dropout_seed": seedset["dropout_seed"],
+                    "data_seed": seedset["data_seed"], **rows["run"][0], "node": node,
+                    "wall_s": run.wall_s, "committed_at": dt.datetime.now(dt.UTC), "weights": kept,
+                }
+                save = None
+                if kept is not None and best is not None:
+                    meta = weights_meta({**u, "trial_id": trial_id, "spec": cfg["spec"]}, k, rows["run"][0], hashes)
+                    save = functools.partial(save_weights, out / kept, best, meta)
+                commit_seed(out, study, trial_id, seedset["index"], keyed, run_row, keep=save)
         self.committed = True
         return self._final
 

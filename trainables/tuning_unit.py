@@ -11,7 +11,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +72,56 @@ def unit_from_template(template: dict[str, Any], params: dict[str, Any]) -> dict
         "flat": flat,
         "params": params,
     }
+
+
+def bundle_from_template(template: dict[str, Any], candidates: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The unit payload of a bundle of tuning candidates (``tune.batch``), one Ray Tune trial.
+
+    ``candidates``: ``[[number, params], ...]``, each an Optuna trial number and its sampled
+    params. Member ``c * K + i`` trains seed ``i`` of candidate ``c`` (K: the template's
+    seeds, paired across candidates); ``candidates`` in the payload are the candidates' own
+    unit payloads (:func:`unit_from_template`, each with its ``trial_id`` and ``number``),
+    ``spec`` is the first candidate's resolved config (the others differ from it only in
+    per-member hyperparameters) and ``unit_id`` names this execution: the candidates'
+    numbers and trial_ids and the seeds, so a replayed candidate runs in a new unit.
+    """
+    units = [{**unit_from_template(template, dict(params)), "number": int(number)} for number, params in candidates]
+    if not units:
+        raise ValueError("a bundle of tuning candidates needs at least one candidate")
+    seeds = template["seeds"]
+    key = ";".join(f"{u['number']}:{u['trial_id']}" for u in units) + "|" + ",".join(str(s["index"]) for s in seeds)
+    return {
+        **{k: v for k, v in template.items() if k not in ("base_spec", "seed_extra")},
+        "spec": units[0]["spec"],
+        "seeds": [s for _ in units for s in seeds],
+        "per_candidate": len(seeds),
+        "unit_id": "b" + hashlib.sha256(key.encode()).hexdigest()[:15],
+        "candidates": units,
+    }
+
+
+def pruned_path(out: str | Path, study: str, unit_id: str) -> Path:
+    """The file through which the driver tells a running bundle which of its candidates the
+    pruner stopped: ``OUT/<study>/pruned/<unit_id>.json``, ``{"numbers": [...]}``."""
+    return Path(out) / study / "pruned" / f"{unit_id}.json"
+
+
+def read_pruned(out: str | Path, study: str, unit_id: str) -> set[int]:
+    """The Optuna numbers of the candidates of bundle ``unit_id`` pruned so far (empty: none)."""
+    path = pruned_path(out, study, unit_id)
+    try:
+        return {int(n) for n in json.loads(path.read_text())["numbers"]}
+    except FileNotFoundError:
+        return set()
+
+
+def write_pruned(out: str | Path, study: str, unit_id: str, numbers: Sequence[int]) -> None:
+    """Atomically (temporary file + rename) record the pruned candidates of bundle ``unit_id``."""
+    path = pruned_path(out, study, unit_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps({"numbers": sorted(int(n) for n in numbers)}))
+    os.replace(tmp, path)
 
 
 def aggregate(values: Sequence[float], how: str) -> float:

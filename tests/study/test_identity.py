@@ -25,10 +25,15 @@ PINNED = {
     "li2021_scan": ["513686de5fc65eca", "8e6f2631f1538948"],  # 59f55847..., f2348b3a... before init: tf, 8-dim targets
     "li2021_toy": ["d7d4864107d7926f"],  # 13e03d858b7a2505 before Playground's training
     "quickstart": ["b38ef157b3f8acb0"],  # bef8b71cc8cc0099 before the end symbol
+    "shah2020_lms5": ["c36cd9ff7cb629c1", "8a6c28066069cc78", "2f9acbbfdff2c677"],
+    "shah2020_lms7": ["67fca6990a939f2a", "c9c0e1c4add2f3f4"],
+    "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
     "weber2018": ["769e99719d5418a3"],  # f5fc75ecee43564a before the fidelity fixes
     "weber2018_tune": ["769e99719d5418a3"],
+    "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
+                   "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
 }
 """Every point's trial_id, computed by fineline before the plugins change (d547e14). Eight
 moved on purpose, since they now compute something else (issue 24: the end symbol in

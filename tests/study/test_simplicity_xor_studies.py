@@ -30,13 +30,17 @@ SHRINK = {
 def study(*args: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "PYTHONPATH", "VIRTUAL_ENV", "LANG")}
+    env = {
+        k: v for k, v in os.environ.items() if k in ("HOME", "PYTHONPATH", "VIRTUAL_ENV", "LANG")
+    }
     res = subprocess.run(
         [sys.executable, "-m", "study.cli", *args], capture_output=True, text=True, timeout=600,
         env={"RAY_USAGE_STATS_ENABLED": "0", "PATH": "/usr/bin:/bin", **env},
     )  # fmt: skip
     if res.returncode != 0:
-        raise AssertionError(f"study {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+        raise AssertionError(
+            f"study {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+        )
     return res
 
 
@@ -48,12 +52,16 @@ def sql(out: Path, query: str) -> list[dict[str, Any]]:
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("papers") / "results"
     for name, overrides in SHRINK.items():
-        study("run", str(CONFIGS / f"{name}.yaml"), *overrides, "--out", str(out), "--num-cpus", "2")
+        study(
+            "run", str(CONFIGS / f"{name}.yaml"), *overrides, "--out", str(out), "--num-cpus", "2"
+        )
     return out
 
 
 def analyze(out: Path, name: str) -> dict[str, Any]:
-    return json.loads(study("analyze", name, "--out", str(out), "--format", "json", "--n-boot", "200").stdout)
+    return json.loads(
+        study("analyze", name, "--out", str(out), "--format", "json", "--n-boot", "200").stdout
+    )
 
 
 def _aggregate(report: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -68,15 +76,27 @@ def _auc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def test_slab_studies_commit_every_seed_with_aucs_on_three_test_sets(out: Path) -> None:
-    for name, points, seeds in (("shah2020_lms5", 3, 4), ("shah2020_lms7", 2, 3)):
+    # LMS-5 stops at convergence (a run that never converges: not_learned); L^MS-7 trains its
+    # whole budget and keeps its best checkpoint (always ok)
+    cases = (("shah2020_lms5", 3, 4, {"ok", "not_learned"}), ("shah2020_lms7", 2, 3, {"ok"}))
+    for name, points, seeds, statuses in cases:
         runs = sql(out, f"SELECT trial_id, seed, status FROM runs WHERE study = '{name}'")
-        assert len(runs) == points * seeds and {r["status"] for r in runs} <= {"ok", "not_learned"}
+        assert len(runs) == points * seeds and {r["status"] for r in runs} <= statuses
         rows = sql(out, f"SELECT split, count(*) AS n, min(value) AS lo, max(value) AS hi FROM evals "
                         f"WHERE study = '{name}' AND metric = 'auc' GROUP BY split ORDER BY split")  # fmt: skip
-        assert [r["split"] for r in rows] == ["test", "test_s_rand", "test_sc_rand", "train", "train_eval"]
+        assert [r["split"] for r in rows] == [
+            "test",
+            "test_s_rand",
+            "test_sc_rand",
+            "train",
+            "train_eval",
+        ]
         # an AUC is a mean of per-example shares: 1 up to float rounding
         assert all(r["n"] == points * seeds and 0 <= r["lo"] <= r["hi"] <= 1 + 1e-12 for r in rows)
-        preds = sql(out, f"SELECT split, count(*) AS n FROM predictions WHERE study = '{name}' GROUP BY split")
+        preds = sql(
+            out,
+            f"SELECT split, count(*) AS n FROM predictions WHERE study = '{name}' GROUP BY split",
+        )
         assert {r["split"]: r["n"] for r in preds} == {s: 200 * points * seeds for s in
                                                        ("test", "test_s_rand", "test_sc_rand")}  # fmt: skip
 
@@ -91,9 +111,13 @@ def test_extreme_sb_and_ensemble_aucs_agree_with_the_stored_values(out: Path) ->
     for r in evals:
         per_run.setdefault((r["trial_id"], r["seed"]), {})[r["split"]] = r["value"]
     assert sum(row["runs"] for row in extreme) == len(per_run)
-    flags = [v["test_s_rand"] <= 0.55 and v["test_sc_rand"] >= v["test"] - 0.02 for v in per_run.values()]
+    flags = [
+        v["test_s_rand"] <= 0.55 and v["test_sc_rand"] >= v["test"] - 0.02 for v in per_run.values()
+    ]
     assert sum(row["extreme"] for row in extreme) == sum(flags)
-    assert min(row["std_min"] for row in extreme) == pytest.approx(min(v["test"] for v in per_run.values()))
+    assert min(row["std_min"] for row in extreme) == pytest.approx(
+        min(v["test"] for v in per_run.values())
+    )
 
     ens = _aggregate(report, "ensemble_auc")
     assert {(r["split"]) for r in ens} == {"test", "test_s_rand", "test_sc_rand"}
@@ -105,7 +129,9 @@ def test_extreme_sb_and_ensemble_aucs_agree_with_the_stored_values(out: Path) ->
     by_trial: dict[str, dict[int, dict[int, float]]] = {}
     targets: dict[int, bool] = {}
     for p in preds:
-        by_trial.setdefault(p["trial_id"], {}).setdefault(p["seed"], {})[p["example_id"]] = float(p["prediction"])
+        by_trial.setdefault(p["trial_id"], {}).setdefault(p["seed"], {})[p["example_id"]] = float(
+            p["prediction"]
+        )
         targets[p["example_id"]] = p["target"] == "1"
     ensembles = []
     for seeds in by_trial.values():
@@ -118,19 +144,23 @@ def test_extreme_sb_and_ensemble_aucs_agree_with_the_stored_values(out: Path) ->
 
 
 def test_xor_study_varies_init_and_data_apart_and_declares_its_events(out: Path) -> None:
-    runs = sql(out, "SELECT trial_id, seed, init_seed, data_seed FROM runs WHERE study = 'xu2023_xor'")
+    runs = sql(
+        out, "SELECT trial_id, seed, init_seed, data_seed FROM runs WHERE study = 'xu2023_xor'"
+    )
     assert len(runs) == 6 * 3
     by_trial: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_trial.setdefault(r["trial_id"], []).append(r)
     kinds = sorted(
-        (len({r["init_seed"] for r in rs}), len({r["data_seed"] for r in rs})) for rs in by_trial.values()
+        (len({r["init_seed"] for r in rs}), len({r["data_seed"] for r in rs}))
+        for rs in by_trial.values()
     )
     assert kinds == [(1, 3)] * 3 + [(3, 1)] * 3  # data varied with one init; init with one dataset
     curves = sql(out, "SELECT split, min(step) AS first, max(step) AS last, count(*) AS n FROM metrics "
                       "WHERE study = 'xu2023_xor' AND metric = 'accuracy' GROUP BY split ORDER BY split")  # fmt: skip
     assert [(c["split"], c["first"], c["last"], c["n"]) for c in curves] == [
-        ("test", 1, 6, 6 * 18), ("train", 1, 6, 6 * 18)
+        ("test", 1, 6, 6 * 18),
+        ("train", 1, 6, 6 * 18),
     ]
     report = analyze(out, "xu2023_xor")
     events = {e["event"]["name"]: e for e in report["events"]}

@@ -36,7 +36,9 @@ def _intervals(values: np.ndarray, gap: float = 0.01) -> list[tuple[float, float
     v = np.sort(np.abs(values))
     cut = np.flatnonzero(np.diff(v) > gap)
     starts, ends = np.r_[0, cut + 1], np.r_[cut, len(v) - 1]
-    return [(round(float(v[s]), 2), round(float(v[e]), 2)) for s, e in zip(starts, ends, strict=True)]
+    return [
+        (round(float(v[s]), 2), round(float(v[e]), 2)) for s, e in zip(starts, ends, strict=True)
+    ]
 
 
 def test_registered() -> None:
@@ -54,7 +56,9 @@ def test_registered() -> None:
         (slab7_block, [(0.26, 0.37), (0.89, 1.0)], [(0.0, 0.06), (0.57, 0.69)]),
     ],
 )
-def test_blocks_keep_their_slabs_and_margins(block: Callable[..., Any], pos: list, neg: list) -> None:
+def test_blocks_keep_their_slabs_and_margins(
+    block: Callable[..., Any], pos: list, neg: list
+) -> None:
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 40_000)
     x = block(y, 0.1, rng, 2)
@@ -130,7 +134,10 @@ def test_deterministic_in_the_data_seed() -> None:
 def test_randomized_test_sets_permute_one_block_across_examples() -> None:
     data = _task(dataset="ms57").build(5)
     w = data.meta["rotation"]
-    canon = {n: data.splits[n].data.x.astype(np.float64) @ w.T for n in ("test", "test_s_rand", "test_sc_rand")}
+    canon = {
+        n: data.splits[n].data.x.astype(np.float64) @ w.T
+        for n in ("test", "test_s_rand", "test_sc_rand")
+    }
     y = data.splits["test"].data.y
     std, s_rand, sc_rand = canon["test"], canon["test_s_rand"], canon["test_sc_rand"]
     assert np.array_equal(data.splits["test_s_rand"].data.y, y)  # labels stay with their example
@@ -181,10 +188,14 @@ def test_score_and_render() -> None:
     data = task.build(0)
     split = data.splits["test"]
     y = split.data.y
-    perfect = [np.array([0.1, 0.9], np.float32) if t else np.array([0.8, 0.2], np.float32) for t in y]
+    perfect = [
+        np.array([0.1, 0.9], np.float32) if t else np.array([0.8, 0.2], np.float32) for t in y
+    ]
     s = task.score(split, perfect)
     assert s["accuracy"].mean() == 1.0 and s["auc"].mean() == pytest.approx(1.0)
-    assert float(task.render(split, np.array([0.2, 0.8], np.float32))) == pytest.approx(np.log(4.0), rel=1e-6)
+    assert float(task.render(split, np.array([0.2, 0.8], np.float32))) == pytest.approx(
+        np.log(4.0), rel=1e-6
+    )
     with pytest.raises(ValueError, match="probability vectors"):
         task.score(split, [int(t) for t in y])
 

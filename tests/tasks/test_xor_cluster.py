@@ -47,7 +47,10 @@ def test_clusters_labels_and_flips() -> None:
 def test_splits_sizes_determinism() -> None:
     task = XorCluster(XorClusterConfig(dim=30, n_train=64, n_test=200, flip=0.25, mu_norm=5.0))
     a, b, c = task.build(1), task.build(1), task.build(2)
-    assert {n: (s.role, len(s)) for n, s in a.splits.items()} == {"train": ("train", 64), "test": ("test", 200)}
+    assert {n: (s.role, len(s)) for n, s in a.splits.items()} == {
+        "train": ("train", 64),
+        "test": ("test", 200),
+    }
     assert task.split_roles() == {"train": "train", "test": "test"}
     assert a.meta["input_shape"] == (30,) and a.meta["n_classes"] == 2
     for name in a.splits:
@@ -64,9 +67,13 @@ def test_splits_sizes_determinism() -> None:
 
 def test_bad_configs_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"task\.flip"):
-        RunSpec.from_dict({"task": {"name": "xor_cluster", "flip": 0.5}, "model": {"name": "two_layer_relu"}})
+        RunSpec.from_dict(
+            {"task": {"name": "xor_cluster", "flip": 0.5}, "model": {"name": "two_layer_relu"}}
+        )
     with pytest.raises(ConfigError, match=r"model\.init_std"):
-        RunSpec.from_dict({"task": {"name": "xor_cluster"}, "model": {"name": "two_layer_relu", "init_std": 0}})
+        RunSpec.from_dict(
+            {"task": {"name": "xor_cluster"}, "model": {"name": "two_layer_relu", "init_std": 0}}
+        )
 
 
 def test_two_layer_network_is_the_papers() -> None:
@@ -88,11 +95,13 @@ def test_two_layer_network_is_the_papers() -> None:
     ce = F.cross_entropy(logits[0], y, reduction="none")
     assert torch.allclose(ce, F.softplus(-(2 * y - 1) * f[0]), atol=1e-6)
     # init N(0, init_std^2), per member from its own generator
-    big = TwoLayerReLU(TwoLayerReLUConfig(width=400, init_std=0.5), {"input_shape": (100,), "n_classes": 2}, 1)
+    big = TwoLayerReLU(
+        TwoLayerReLUConfig(width=400, init_std=0.5), {"input_shape": (100,), "n_classes": 2}, 1
+    )
     big.init_member(0, torch_generator(3))
     w_big = big.weight.detach()
     assert abs(float(w_big.std()) - 0.5) < 0.01 and abs(float(w_big.mean())) < 0.01
-    with pytest.raises(ConfigError, match="model.name"):
+    with pytest.raises(ConfigError, match=r"model\.name"):
         TwoLayerReLU(cfg, {"input_shape": (3,), "n_classes": 3}, 1)
 
 

@@ -47,7 +47,9 @@ class TwoLayerReLU(BundledClassifier):
     Config: ClassVar[type[FrozenConfig]] = TwoLayerReLUConfig
     tiny: ClassVar[dict[str, Any]] = {"width": 8, "init_std": 0.01}
 
-    config: TwoLayerReLUConfig
+    config: TwoLayerReLUConfig  # type: ignore[assignment]  # no init schemes: not a ClassifierConfig
+    output: torch.Tensor
+    """The fixed second layer (m,), a buffer shared by every member."""
 
     def __init__(self, config: FrozenConfig, meta: dict[str, Any], k: int) -> None:
         super().__init__(config, meta, k)

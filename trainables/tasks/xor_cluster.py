@@ -99,12 +99,16 @@ class XorCluster(Task):
 
     def build(self, data_seed: int) -> TaskData:
         cfg = self.config
-        train_rng, test_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(data_seed).spawn(2))
+        train_rng, test_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(data_seed).spawn(2)
+        )
         x, y, clean = xor_clusters(cfg.n_train, cfg.dim, cfg.mu_norm, cfg.flip, train_rng)
         x_test, _, clean_test = xor_clusters(cfg.n_test, cfg.dim, cfg.mu_norm, 0.0, test_rng)
         splits = [
             Split("train", "train", Arrays(x.astype(np.float32), y, np.arange(cfg.n_train))),
-            Split("test", "test", Arrays(x_test.astype(np.float32), clean_test, np.arange(cfg.n_test))),
+            Split(
+                "test", "test", Arrays(x_test.astype(np.float32), clean_test, np.arange(cfg.n_test))
+            ),
         ]
         meta = {"input_shape": (cfg.dim,), "n_classes": 2, "flipped": np.flatnonzero(y != clean)}
         return TaskData(splits={s.name: s for s in splits}, meta=meta)
@@ -131,7 +135,19 @@ class XorCluster(Task):
             "primary_metric": "accuracy",
             "histograms": [{"split": "test", "metric": "accuracy"}],
             "events": [
-                {"name": "fits_noise", "split": "train", "metric": "accuracy", "op": ">=", "threshold": 1.0},
-                {"name": "recovers", "split": "test", "metric": "accuracy", "op": ">=", "threshold": level},
+                {
+                    "name": "fits_noise",
+                    "split": "train",
+                    "metric": "accuracy",
+                    "op": ">=",
+                    "threshold": 1.0,
+                },
+                {
+                    "name": "recovers",
+                    "split": "test",
+                    "metric": "accuracy",
+                    "op": ">=",
+                    "threshold": level,
+                },
             ],
         }
