@@ -573,3 +573,4 @@ def aggregates_text(agg: StudyAggregates, text_table: TextTable) -> list[str]:
 
 # more kinds, registered on import (kept in their own modules)
 from analysis import ensembles as _ensembles  # noqa: E402,F401  (extreme_sb, ensemble_auc)
+from analysis import length_gen as _length_gen  # noqa: E402,F401  (length_generalization)

@@ -64,7 +64,7 @@ def steps_wall(args: argparse.Namespace, groups: list[list[Any]], loop: bool = F
     data = task.build(groups[0][0].data_seed)
     runs = [BundleRun(spec, g, task, data) for g in groups]
     for r in runs:
-        r.model.bundling = "loop" if loop else "vmap"
+        r.model.bundling = "loop" if loop else "vmap"  # type: ignore[assignment]
         r._evaluate_round = lambda *a: None  # type: ignore[method-assign]  # training steps only
     t0 = time.perf_counter()
     for r in runs:

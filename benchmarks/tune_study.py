@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--dyck-candidates", type=int, default=40)
     ap.add_argument("--dyck-batch", type=int, default=20, help="Dyck-1 candidates per bundle (bundled run)")
-    ap.add_argument("--dyck-train", type=int, default=500, help="Dyck-1 training sequences")
+    ap.add_argument("--dyck-train", type=int, default=1000, help="Dyck-1 training sequences")
     ap.add_argument("--dyck-epochs", type=int, default=2)
     ap.add_argument("--symbol-candidates", type=int, default=20)
     ap.add_argument("--symbol-batch", type=int, default=5, help="symbol-rewriting candidates per bundle")

@@ -11,7 +11,9 @@ stored like in any study.
 
 Execution: Ray Tune with Ray's ``OptunaSearch`` (subclassed in :func:`ray_classes`)
 behind a ``ConcurrencyLimiter`` (one candidate per CPU, or one at a time with
-``sequential: true``), actors reused. The Optuna study lives in ``OUT/NAME/optuna.db``
+``sequential: true``), actors reused. With ``tune.batch`` > 1 (a space of per-member
+hyperparameters only) several candidates x their seeds train as one bundle, pruned per
+candidate: :mod:`study.tuning_bundles`. The Optuna study lives in ``OUT/NAME/optuna.db``
 (SQLite through ``RDBStorage``), readable by the stock ``optuna`` CLI and
 optuna-dashboard. ``study tune`` on the same name resumes: finished candidates are kept;
 a candidate left RUNNING by a killed driver is told to Optuna from Parquet when all its

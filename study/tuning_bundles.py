@@ -116,9 +116,9 @@ def bundle_search_class() -> type:
         def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
             return True  # the objective comes in each result's candidate curves, not a metric
 
-        def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        def suggest(self, trial_id: str) -> dict[str, Any] | None:
             if self._left <= 0:
-                return Searcher.FINISHED
+                return Searcher.FINISHED  # type: ignore[return-value]  # Tune's "no more" marker
             candidates: list[list[Any]] = []
             seeds = [s["index"] for s in self._template["seeds"]]
             for _ in range(min(self._batch, self._left)):

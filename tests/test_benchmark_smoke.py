@@ -44,3 +44,9 @@ def test_dyck_benchmark_prints_the_speedup_last() -> None:
     lines = _run("benchmarks/dyck_study.py", "--seeds", "2", "--train", "20", "--epochs", "1", "--cpus", "2")
     match = RATIO.search(lines[-1])
     assert match and float(match.group(1)) > 0
+
+
+def test_tune_benchmark_prints_both_ratios_the_dyck_one_last() -> None:
+    lines = _run("benchmarks/tune_study.py", "--tiny", "--cpus", "2")
+    assert lines[-2].startswith("symbol_rewriting: speedup") and lines[-1].startswith("dyck1: speedup")
+    assert all((m := RATIO.search(line)) and float(m.group(1)) > 0 for line in lines[-2:])

@@ -1,6 +1,9 @@
 """The Ray Tune trainable that wraps any registered (task, model) pair.
 
-One Tune trial = one *unit*: a resolved config (``trial_id``) x a bundle of seeds. Each
+One Tune trial = one *unit*: a resolved config (``trial_id``) x a bundle of seeds, or, for
+tuning in bundles (``tune.batch``), several candidates x their paired seeds, each member
+with its candidate's per-member hyperparameters; each candidate commits under its own
+``trial_id`` and one the driver's pruner stopped (its pruned file) leaves the bundle. Each
 ``step()`` trains rounds of the :class:`~trainables.loop.BundleRun` for about
 ``execution.report_every_s`` seconds (so tiny step-based tasks don't pay Tune's per-result
 cost every optimizer step) and returns a small progress dict. When the bundle is done it

@@ -3,7 +3,9 @@
 Lives on the trainables side because the Ray worker builds the unit from the params
 Optuna sampled; ``study.tuning`` builds the *template* (everything a candidate shares:
 base spec, seed bundle, objective, output folder) and the driver uses the same
-functions to name a candidate (its ``trial_id``) and to re-score it from Parquet.
+functions to name a candidate (its ``trial_id``) and to re-score it from Parquet. A bundle
+of several candidates (``tune.batch``) is :func:`bundle_from_template`'s payload; the driver
+tells it which of its candidates were pruned through :func:`write_pruned`.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 PINNED = {
     "elnaggar2022": ["ec9167e0cadc81c1", "23ef44bd82af7d97", "b456e27be9234682"],  # e2f5446d..., 20f997f6..., 47ec4093... before Suzgun's very-long sampler
+    "grokking_cpu": ["aef8eedee84bf11c", "024bcaf9216fcca5", "505b0e615067f4b0", "0df7a0e64150fd58"],
+    "grokking_gpu": ["0163a0587efe8be2", "15f16968e3a69d84", "643907bf0740331b", "3cad894cbc31b179",
+                     "07327d621631af66", "473cde2c84793038", "e04b0a0cf20dd481", "416a5779ec64db85",
+                     "3d13ad28158bc116", "c49679e6cf60b406", "a6f747dbf6ede170", "b46dc09e07001943"],
     "li2021_mnist": ["7d4861def970fb0d", "6619ecb7a69f6e16"],  # 13cda084..., b45cdede... before init: keras
     "li2021_scan": ["513686de5fc65eca", "8e6f2631f1538948"],  # 59f55847..., f2348b3a... before init: tf, 8-dim targets
     "li2021_toy": ["d7d4864107d7926f"],  # 13e03d858b7a2505 before Playground's training

@@ -32,9 +32,14 @@ rows (evaluation; full-batch training, whose rows each member sorts) the input i
 
 **Attention** is written out (``q k^T / sqrt(d_head)``, causal mask, softmax, ``@ v``):
 ``F.scaled_dot_product_attention`` runs under ``vmap`` in torch 2.13 but has no batching
-rule for its CPU kernel, so vmap loops over the members (and warns); the explicit form is
-batched, and lets attention-probability dropout draw from each seed's own stream
-(``benchmarks/transformer_bundle.py`` measures both).
+rule for its CPU kernel (vmap loops over the members inside it, and warns), and its CPU
+kernel is tagged a seeded random op (for its ``dropout_p``), which fineline refuses in
+training; the explicit form is batched, and lets attention-probability dropout draw from
+each seed's own stream (``benchmarks/transformer_bundle.py`` times both: at K = 10, p = 31,
+width 64, full batch, the vmapped bundle ran 1.3x the K lone runs, the member loop alike,
+SDPA slower). The keys have no bias (a key bias shifts every score of a query alike, so
+the softmax ignores it: its gradient is rounding noise, which Adam scales up to steps that
+differ between a bundle and a lone run); queries, values and outputs have one with ``bias``.
 
 Initialisation (``init``): ``gpt2`` (nanoGPT): every ``Linear`` and ``Embedding`` weight
 N(0, 0.02), the two residual projections per block N(0, 0.02 / sqrt(2 n_layers)), biases
@@ -446,10 +451,7 @@ class Transformer(PlainModel):
         out = torch.zeros((k, b, steps), dtype=torch.int64, device=dev)
         ended = torch.zeros((k, b), dtype=torch.bool, device=dev)
         for i in range(steps):
-            if i == 0 and first is not None:
-                logits = first
-            else:
-                logits = self.run_members(buf[..., : top + i])  # (K, B, w, V)
+            logits = self.run_members(buf[..., : top + i]) if i or first is None else first  # (K, B, w, V)
             pos = (prompt - 1 + i).clamp(min=0).expand(k, b)
             last = logits.gather(2, pos[..., None, None].expand(k, b, 1, logits.shape[-1])).squeeze(2)
             last[..., banned] = float("-inf")

@@ -1,0 +1,121 @@
+"""The length_generalization aggregate (Zhou et al. 2023): band values, the fraction of
+seeds that length-generalize with its Wilson interval, on tables worked out by hand; the
+declaration's parsing; and the whole kind on a synthetic study (charts included)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from analysis.aggregates import KINDS, parse_aggregates
+from analysis.errors import AnalysisError
+from analysis.length_gen import LengthGeneralization, band_values, by_length, generalization_table
+
+BAND = ["len_3", "len_4"]
+
+
+def _values(point: str, per_run: dict[int, dict[str, float]], trial: str = "t") -> pd.DataFrame:
+    return pd.DataFrame([{"point": point, "trial_id": trial, "seed": s, "split": sp, "value": v}
+                         for s, vals in per_run.items() for sp, v in vals.items()])  # fmt: skip
+
+
+def test_band_values_average_the_band_and_leave_out_incomplete_runs() -> None:
+    v = _values("A", {0: {"len_2": 0.0, "len_3": 1.0, "len_4": 0.8}, 1: {"len_3": 0.5, "len_4": 0.7},
+                      2: {"len_3": 1.0}, 3: {"len_3": math.nan, "len_4": 1.0}})  # fmt: skip
+    out = band_values(v, BAND)
+    # seed 0: (1.0 + 0.8) / 2 (len_2 is outside the band); seed 1: 0.6; seeds 2, 3 lack len_4 / len_3
+    assert out[["seed", "value"]].values.tolist() == [[0, 0.9], [1, pytest.approx(0.6)]]
+
+
+def test_generalization_table_counts_runs_at_the_level_with_wilson_intervals() -> None:
+    runs = pd.DataFrame({"point": ["A"] * 4 + ["B"] * 2, "trial_id": ["a"] * 4 + ["b"] * 2,
+                         "seed": [3, 0, 1, 2, 0, 1], "value": [0.9, 0.95, 0.2, 0.89999, 0.0, 0.1]})  # fmt: skip
+    a, b = generalization_table(runs, 0.9).to_dict("records")
+    assert (a["point"], a["runs"], a["generalize"], a["fraction"], a["seeds"]) == ("A", 4, 2, 0.5, "0 3")
+    # Wilson 95% for 2 of 4: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    z, n, p = 1.959963984540054, 4, 0.5
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (a["low"], a["high"]) == (pytest.approx(centre - half), pytest.approx(centre + half))
+    assert (a["mean"], a["min"], a["max"]) == (pytest.approx((0.9 + 0.95 + 0.2 + 0.89999) / 4), 0.2, 0.95)
+    assert (b["generalize"], b["fraction"], b["seeds"], b["low"]) == (0, 0.0, "", 0.0)
+
+
+def test_by_length_keeps_the_length_splits_in_length_order() -> None:
+    v = _values("A", {0: {"len_10": 0.1, "len_9": 0.2, "val": 1.0}}).assign(metric="exact")
+    out = by_length(v, {"len_9": 9, "len_10": 10})
+    assert out[["split", "length"]].values.tolist() == [["len_9", 9], ["len_10", 10]]
+
+
+DECL = {"kind": "length_generalization", "metric": "exact", "oracle_metric": "oracle_exact",
+        "lengths": {"len_4": 4, "len_2": 2, "len_3": 3}, "band": BAND, "level": 0.75, "train_max": 2}  # fmt: skip
+
+
+def test_the_declaration_parses_and_round_trips() -> None:
+    assert KINDS["length_generalization"] is LengthGeneralization
+    (d,) = parse_aggregates([DECL])
+    assert isinstance(d, LengthGeneralization)
+    assert d.lengths == (("len_2", 2), ("len_3", 3), ("len_4", 4)) and d.band == tuple(BAND)
+    assert (d.level, d.oracle_metric, d.train_max) == (0.75, "oracle_exact", 2)
+    assert parse_aggregates([d.declaration()]) == [d]
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [({"metric": 3}, "metric"), ({"lengths": {"len_3": "3"}}, "lengths"), ({"band": ["len_9"]}, "band"),
+     ({"level": 1.5}, "level"), ({"oracle_metric": 1}, "oracle_metric"), ({"train_max": 2.5}, "train_max")],
+)  # fmt: skip
+def test_malformed_declarations_name_the_key(change: dict[str, Any], where: str) -> None:
+    with pytest.raises(AnalysisError, match=rf"aggregates\[0\]\.{where}: .*Fix the task's analysis"):
+        parse_aggregates([{**DECL, **change}])
+
+
+class _Ctx:
+    """What the kind reads of a study: its evals, notes and ``has``."""
+
+    def __init__(self, evals: pd.DataFrame) -> None:
+        self.evals, self.notes = evals, []
+
+    def has(self, axis: Any, table: str = "evals") -> bool:
+        e = self.evals
+        return bool(((e["split"] == axis.split) & (e["metric"] == axis.metric)).any())
+
+
+def _evals(oracle: bool) -> pd.DataFrame:
+    """Point P: seeds 0-2; exact on len_3/len_4: (1, 1), (0.5, 1), (0, 0); oracle: all 1 but
+    seed 2 (0.5, 0.5); seed 3 diverged (never counts). Point Q: one seed, exact 1."""
+    rows = []
+    runs = {("P", 0): (1, 1), ("P", 1): (0.5, 1), ("P", 2): (0, 0), ("P", 3): (1, 1), ("Q", 0): (1, 1)}
+    for (point, seed), (v3, v4) in runs.items():
+        status = "diverged" if seed == 3 else "ok"
+        base = {"point": point, "trial_id": point.lower(), "seed": seed, "status": status, "role": "test"}
+        for split, v in (("len_2", 1.0), ("len_3", v3), ("len_4", v4)):
+            rows.append({**base, "split": split, "metric": "exact", "value": float(v)})
+            if oracle:
+                rows.append({**base, "split": split, "metric": "oracle_exact",
+                             "value": 0.5 if (point, seed) == ("P", 2) else 1.0})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_kind_computes_free_running_and_oracle_fractions_and_draws_them(tmp_path: Path) -> None:
+    from analysis import charts
+
+    (d,) = parse_aggregates([DECL])
+    ctx = _Ctx(_evals(oracle=True))
+    res = d.compute(ctx, pd.DataFrame())  # type: ignore[arg-type]
+    p, q = res.table.to_dict("records")
+    # P: band means 1.0, 0.75, 0.0 at level 0.75 -> seeds 0 and 1; oracle: 1, 1, 0.5 -> seeds 0 and 1
+    assert (p["point"], p["runs"], p["generalize"], p["seeds"], p["band"]) == ("P", 3, 2, "0 1", "len_3..len_4")
+    assert (p["oracle_generalize"], p["oracle_seeds"], p["oracle_mean"]) == (2, "0 1", pytest.approx(2.5 / 3))
+    assert (q["runs"], q["fraction"], q["oracle_fraction"]) == (1, 1.0, 1.0)
+    assert set(res.detail["metric"]) == {"exact", "oracle_exact"} and set(res.detail["seed"]) == {0, 1, 2}
+    panels = d.panels(res, charts.ChartData(), pd.DataFrame(), multi=True)
+    assert [name for name, _, _ in panels] == ["length-generalization-exact", "length-generalization-oracle_exact"]
+    for _, chart, _ in panels:
+        assert chart.to_dict()["layer"]  # a valid Vega-Lite spec with its layers
+    ctx = _Ctx(_evals(oracle=False))
+    res = d.compute(ctx, pd.DataFrame())  # type: ignore[arg-type]
+    assert "oracle_fraction" not in res.table and any("no oracle_exact" in n for n in ctx.notes)
