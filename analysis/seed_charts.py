@@ -136,7 +136,8 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
     sd_worse, diff, power, n_better, n_worse, ...)."""
     rows = []
     for r in power.sort_values("power", kind="stable").head(top).itertuples(index=False):
-        hi = max(100, 2 * int(r.seeds_needed or 0), 4 * max(r.n_better, r.n_worse))
+        needed = int(r.seeds_needed) if r.seeds_needed is not None and np.isfinite(r.seeds_needed) else 0
+        hi = max(100, 2 * needed, 4 * max(r.n_better, r.n_worse))
         ns = np.unique(np.round(np.geomspace(2, hi, 50)).astype(int))
         name = f"{r.split}: {r.better} vs {r.worse}"
         rows += [

@@ -38,6 +38,11 @@ PINNED = {
     "weber2018_tune": ["769e99719d5418a3"],
     "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
                    "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
+    "zhou2023_hints_gpu": ["63ddccf2471de4b3", "6ddfcfd5084ba099"],
+    "zhou2023_length_cpu": ["51225f1382458f29", "f9e83c34aae31421", "7a1ba6dd7f366300", "af5fa51ed1abb3c6",
+                            "3152f76c3555923f", "1eb0c745197f8193", "770145fd121d4833"],
+    "zhou2023_length_gpu": ["dec705b545f6058e", "a28472b7a4638023", "6ddcc96dce51bb3c", "297003aefae594a5",
+                            "5732786ad43fe6c7", "9d893d7c89c812b0", "9634218454c2aa9f"],
 }
 """Every point's trial_id, computed by fineline before the plugins change (d547e14). Eight
 moved on purpose, since they now compute something else (issue 24: the end symbol in

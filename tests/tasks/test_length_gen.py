@@ -127,10 +127,10 @@ def test_hint_offsets_put_every_hint_token_into_training() -> None:
     assert d.splits["len_10"].data.src[0][0] == off.src_vocab.index["h0"]
 
 
-def test_random_start_puts_filler_before_train_and_val_sources_only() -> None:
-    t = task(kind="copy_unique", train_lengths=(1, 6), random_start=5, train_size=3000)
+def test_random_start_keeps_every_example_within_the_positions_training_reaches() -> None:
+    t = task(kind="copy_unique", train_lengths=(1, 6), random_start=5, train_size=3000, test_size=200)
     d = t.build(0)
-    starts = Counter()
+    starts: dict[str, Counter[int]] = {}
     for name, split in d.splits.items():
         for i in range(len(split)):
             src, tgt = t.render_example(d, split, i)
@@ -138,11 +138,14 @@ def test_random_start_puts_filler_before_train_and_val_sources_only() -> None:
             k = next(j for j, tok in enumerate(tokens) if tok != "_")
             assert "_" not in tokens[k:], "filler only before the example"
             assert reference(t.config, tokens[k:])[1] == tgt.split()
-            if name == "train":
-                starts[k] += 1
-            elif name not in ("val",):
-                assert k == 0, name
-    assert sorted(starts) == [0, 1, 2, 3, 4, 5] and min(starts.values()) > 400  # uniform over 0..5
+            # a copy of length L has 2L tokens; training reaches 5 + 2 * 6 positions (a longer
+            # example than that starts at once)
+            assert k + len(tokens[k:]) + len(tgt.split()) <= 5 + 12 or k == 0
+            starts.setdefault(name, Counter())[k] += 1
+    assert sorted(starts["train"]) == [0, 1, 2, 3, 4, 5] and min(starts["train"].values()) > 400  # uniform
+    # len_7 may start 0..3, len_8 0..1, len_9 and longer at once; shorter ones 0..5 as in training
+    assert [max(starts[f"len_{n}"]) for n in (3, 6, 7, 8, 9, 12)] == [5, 5, 3, 1, 0, 0]
+    assert sorted(starts["len_7"]) == [0, 1, 2, 3]
     assert max(len(s) for s in d.train.data.src) == 6 + 5 and d.meta["max_src_len"] == 12  # len_12
     assert "_" not in task(kind="copy_unique").src_vocab.tokens
 

@@ -26,7 +26,9 @@ holds both, and a run's ``predictions`` rows keep their length in the split name
 Every split comes from its own generator (the data seed with a fixed per-split spawn key),
 so held-out splits do not depend on ``train_size``. Test lengths above N cannot meet a
 training example; at short lengths the space of inputs is small and in-distribution splits
-repeat training examples (as the paper's sampled data does).
+repeat training examples (as the paper's sampled data does). With ``random_start`` every
+split's sources start after a random number of filler tokens (see the field), so a model
+with learned positions meets no position at test time that training never reached.
 
 **Metrics** (per example; the prediction is cut at its first ``</s>``, or taken whole):
 ``exact`` (the answer, every token and its length), ``length_correct`` (as many tokens as the
@@ -54,7 +56,17 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from trainables.configbase import FrozenConfig
-from trainables.data import EOS, SPECIALS, Role, SeqPairs, Split, TaskData, Vocab, padded_rows, row_lengths
+from trainables.data import (
+    EOS,
+    SPECIALS,
+    Role,
+    SeqPairs,
+    Split,
+    TaskData,
+    Vocab,
+    padded_rows,
+    row_lengths,
+)
 from trainables.errors import ConfigError
 from trainables.registry import TASKS
 from trainables.tasks.base import Task
@@ -109,11 +121,13 @@ class LengthGenConfig(FrozenConfig):
     reverse_output: bool = False
     """Addition: the sum least significant digit first."""
     random_start: int = Field(0, ge=0)
-    """Train and val sources start after 0 .. random_start filler tokens ``_`` (uniform per
-    example), as if the example sat at a random place of a longer context; val_ood and the test
-    splits start at once. Zhou et al. train on contexts packed with many examples, so an
-    example's absolute position varies and every position embedding is trained; this gives a
-    one-example-per-row model (learned positions) the same. 0: no filler."""
+    """Sources start after 0 .. k filler tokens ``_`` (uniform per example), as if the example
+    sat at a random place of a longer context: k = random_start, or less for an example longer
+    than the longest training one, so that it ends within the positions training examples reach
+    (k = random_start - (its tokens - the tokens of a length-N example), at least 0). The
+    authors' examples sit at varying places of a context packed with examples, so every
+    position embedding is trained; this gives a one-example-per-row model (learned positions)
+    the same, in every split alike. 0: no filler."""
     generalization_level: float = Field(0.9, gt=0, le=1)
     """A run length-generalizes when its exact match over the band's test lengths is at least this."""
     generalization_band: tuple[float, float] = (1.5, 2.0)
@@ -205,9 +219,9 @@ class LengthGen(Task):
         return {"train": "train", "val": "val", "val_ood": "val_ood",
                 **{length_split(n): "test" for n in range(lo, hi + 1)}}  # fmt: skip
 
-    def draw(self, rng: np.random.Generator, lengths: np.ndarray, random_start: int = 0) -> SeqPairs:
+    def draw(self, rng: np.random.Generator, lengths: np.ndarray) -> SeqPairs:
         """One example per entry of ``lengths``, in that order (vocabulary ids), each source
-        after 0 .. ``random_start`` filler tokens."""
+        after its filler tokens (:meth:`starts`)."""
         cfg, off = self.config, len(SPECIALS)
         src: list[np.ndarray] = [np.empty(0, np.int64)] * len(lengths)
         tgt: list[np.ndarray] = [np.empty(0, np.int64)] * len(lengths)
@@ -216,18 +230,30 @@ class LengthGen(Task):
             d = cfg.generator.draw(rng, int(length), len(where), cfg, cfg.n_hints)
             for i, s, t in zip(where, d.src + off, d.tgt + off, strict=True):
                 src[i], tgt[i] = s, t
-        if random_start:
+        if cfg.random_start:
             filler = self.src_vocab.index[FILLER]
-            starts = rng.integers(0, random_start + 1, len(lengths))
+            starts = rng.integers(0, self.starts(lengths) + 1)
             src = [np.concatenate([np.full(k, filler, dtype=np.int64), s]) for k, s in zip(starts, src, strict=True)]
         return SeqPairs(src=src, tgt=tgt, ids=np.arange(len(lengths), dtype=np.int64))
+
+    def tokens(self, length: int) -> int:
+        """Source plus target tokens of an example of ``length`` (the same for every example)."""
+        d = self.config.generator.draw(np.random.default_rng(0), length, 1, self.config, self.config.n_hints)
+        return int(d.src.shape[1] + d.tgt.shape[1])
+
+    def starts(self, lengths: np.ndarray) -> np.ndarray:
+        """The most filler tokens before each example of ``lengths`` (see ``random_start``)."""
+        cfg = self.config
+        top = cfg.random_start + self.tokens(cfg.train_lengths[1])
+        most = {int(n): min(cfg.random_start, max(0, top - self.tokens(int(n)))) for n in np.unique(lengths)}
+        return np.array([most[int(n)] for n in lengths], dtype=np.int64)
 
     def _split(self, data_seed: int, name: str, lengths: tuple[int, int], size: int) -> SeqPairs:
         key = _SPAWN_KEY.get(name, 1000 + lengths[0])
         rng = np.random.default_rng(np.random.SeedSequence(data_seed, spawn_key=(key,)))
         lo, hi = lengths
         drawn = np.full(size, lo) if name not in _SPAWN_KEY else rng.integers(lo, hi + 1, size)
-        return self.draw(rng, drawn, self.config.random_start if name in ("train", "val") else 0)
+        return self.draw(rng, drawn)
 
     def build(self, data_seed: int) -> TaskData:
         cfg = self.config
@@ -277,8 +303,8 @@ class LengthGen(Task):
         shown = list(dict.fromkeys(length_split(m) for m in (min(n, hi), band[0], band[-1])))
         return {
             "metric_definitions": {
-                "exact": f"share of {cfg.kind} examples whose free-running greedy answer (up to its first "
-                "</s>) is the target: every token and the length",
+                "exact": "share of examples whose free-running greedy answer (up to its first </s>) is "
+                "the target: every token and the length",
                 "oracle_exact": "the same with the answer's length given: greedy generation of exactly the "
                 "target's length, </s> ruled out (Zhou et al.'s oracle length)",
                 "length_correct": "share of free-running answers with the target's length",

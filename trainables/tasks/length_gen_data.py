@@ -57,12 +57,16 @@ from trainables.errors import ConfigError
 class KindConfig(Protocol):
     """The fields of :class:`~trainables.tasks.length_gen.LengthGenConfig` a kind reads."""
 
-    kind: str
-    n_symbols: int | None
-    index_hints: bool
-    hint_offsets: bool
-    scratchpad: bool
-    reverse_output: bool
+    @property
+    def n_symbols(self) -> int | None: ...
+    @property
+    def index_hints(self) -> bool: ...
+    @property
+    def hint_offsets(self) -> bool: ...
+    @property
+    def scratchpad(self) -> bool: ...
+    @property
+    def reverse_output(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class Kind(ABC):
         """Hint positions an example of ``length`` needs (0: the kind takes no hints)."""
         return 0
 
-    def check(self, cfg: KindConfig, longest: int) -> None:
+    def check(self, cfg: KindConfig, longest: int) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Raise ConfigError if ``cfg`` cannot make examples up to length ``longest``."""
 
 
