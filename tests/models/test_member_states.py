@@ -23,6 +23,7 @@ FAMILIES = {  # a built-in model -> a built-in task of its data kind
     "mlp_plain": "toy2d",
     "convnet": "mnist_pairs",
     "two_layer_relu": "xor_cluster",
+    "transformer": "modular",
 }
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from study import preflight
-from study.runner import ray_session
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -84,21 +85,38 @@ def _sockets_of(pids: set[int]) -> list[tuple[int, str, str]]:
     return out
 
 
-def test_local_ray_listens_on_loopback_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
-    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    monkeypatch.delenv(preflight.LOOPBACK_ENV, raising=False)
-    with ray_session(None, 1):
-        sockets = _sockets_of(_descendants(os.getpid()))
+PROBE = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from test_local_ray_network import _descendants, _sockets_of
+from study import preflight
+from study.runner import ray_session
+with ray_session(None, 1):
+    sockets = _sockets_of(_descendants(os.getpid()))
+constants = sys.modules["ray._private.ray_constants"]
+print(json.dumps({"sockets": sockets, "env_after": os.environ.get(preflight.LOOPBACK_ENV),
+                  "constant_after": constants.ENABLE_RAY_CLUSTER}))
+"""
+
+
+def test_local_ray_listens_on_loopback_only(tmp_path: Path) -> None:
+    """In a fresh process (Ray caches its auth token per process) whose home is empty: the
+    local Ray's servers listen on loopback only, the switch is put back afterwards, and the
+    token file Ray will use is created readable by its owner only."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
+    res = subprocess.run([sys.executable, "-c", PROBE, str(Path(__file__).parent)], capture_output=True,
+                         text=True, env=env, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    probe = json.loads(res.stdout.strip().splitlines()[-1])
+    sockets = probe["sockets"]
     names = {comm for _, comm, _ in sockets}
     assert {"gcs_server", "raylet"} <= names, sockets  # the check saw Ray's servers
     exposed = [s for s in sockets if not ipaddress.ip_address(s[2]).is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed}"
-    # the switch is put back: a later --address run in this process sees its real address
-    assert preflight.LOOPBACK_ENV not in os.environ
-    constants = sys.modules["ray._private.ray_constants"]
-    assert constants.ENABLE_RAY_CLUSTER is True
-    token = tmp_path / "auth_token"
+    # the switch is put back: a later --address run in that process sees its real address
+    assert probe["env_after"] is None and probe["constant_after"] is True
+    token = tmp_path / ".ray" / "auth_token"
     assert token.exists() and stat.S_IMODE(token.stat().st_mode) == 0o600
     assert len(token.read_text()) == 64
 
