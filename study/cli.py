@@ -120,7 +120,7 @@ def run(
     typer.echo(
         f"study {study_name}: {counts['done']}/{counts['planned']} runs committed "
         f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {study_name} --out {out}; "
-        f"study report {study_name} --out {out}; study sql --out {out} \"SELECT ...\""
+        f"study report {study_name} --out {out}; study status {study_name} --out {out}"
     )
 
 
