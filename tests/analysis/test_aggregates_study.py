@@ -18,6 +18,8 @@ from scipy import stats as sps
 
 from trainables.tasks.dyck import Dyck1, Dyck1Config, trivial_failure
 
+pytestmark = pytest.mark.slow  # a study through the CLI, minutes: run with -m slow
+
 TASK = {"name": "dyck1", "train_size": 48, "val_size": 24, "min_len": 2, "max_len": 20,
         "long_size": 12, "long_min_len": 22, "long_max_len": 40, "very_long_size": 4,
         "very_long_len": 120, "zigzag_len": 120, "zigzag_js": [60, 10]}  # fmt: skip

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+pytestmark = pytest.mark.slow  # a study through the CLI, minutes: run with -m slow
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHRINK = {
     "shah2020_lms5": ["task.dim=8", "task.n_train=600", "task.n_test=200", "train.max_steps=60",

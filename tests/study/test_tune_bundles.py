@@ -322,6 +322,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"out": out, "after_kill": after_kill, "running": running, "resumed": resumed}
 
 
+@pytest.mark.slow  # a SIGKILLed search through the CLI, then its resume: run with -m slow
 def test_killed_batched_search_resumes_with_every_candidate_finished_once(searched: dict[str, Any]) -> None:
     out = searched["out"]
     assert searched["after_kill"] < 9, "the kill came too late"

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from test_simplicity_xor_studies import CONFIGS, analyze, sql, study
 
+pytestmark = pytest.mark.slow  # a study through the CLI, minutes: run with -m slow
+
 SHRINK = ["grid.task.kind=[count,parity]", "task.train_lengths=[1,3]", "task.test_lengths=[1,6]",
           "task.train_size=64", "task.val_size=16", "task.val_ood_size=16", "task.test_size=8",
           "task.random_start=3", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
