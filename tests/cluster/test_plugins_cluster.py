@@ -54,7 +54,9 @@ def test_installed_plugin_runs_on_both_nodes_then_sql_and_report(cluster: Cluste
             pytest.fail(msg)
         pytest.skip(msg)
     out = tmp_path / "results"
-    ok(study(cluster, tmp_path, "run", str(EXAMPLE / "study.yaml"), "--out", str(out),
+    # 24 epochs (the file says 8): each bundle outlasts the worker node's actor start-up, so
+    # both nodes train (actors are reused: a head done early would take the second bundle)
+    ok(study(cluster, tmp_path, "run", str(EXAMPLE / "study.yaml"), "train.max_epochs=24", "--out", str(out),
              "--address", cluster.address))
     runs = sql(cluster, tmp_path, out, "SELECT trial_id, seed, node, status FROM runs WHERE study = 'parity'")
     assert len(runs) == 6 and {r["status"] for r in runs} == {"ok"}
@@ -103,7 +105,9 @@ def local_study(tmp_path: Path, ship: bool) -> tuple[Path, Path]:
     cfg = {
         "name": "blobs", "plugins": ["blobs_task"],
         "task": {"name": "blobs", "n": 3000}, "model": {"name": "mlp", "hidden": [16]},
-        "train": {"lr": 0.01, "batch_size": 8, "max_epochs": 4},  # ~2 s a trial: both nodes busy
+        # ~6 s a trial: longer than a worker node's actor takes to start, so the head cannot
+        # finish the first trial and take the second (actors are reused) before the worker is up
+        "train": {"lr": 0.01, "batch_size": 8, "max_epochs": 12},
         "seeds": {"count": 2}, "execution": {"bundle_size": 1, "ship_plugins": ship, "max_failures": 0},
     }
     (home / "study.yaml").write_text(yaml.safe_dump(cfg))
