@@ -538,6 +538,26 @@ def _tune_locked(
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
 
 
+def tune_parts(cfg: StudyConfig, storage_path: Path, callbacks: list[Any] | None = None) -> tuple[Any, Any]:
+    """What every tuning launch shares: the trainable with the study's per-trial resources
+    and the Tune ``RunConfig`` (checkpoint each result, keep one, the study's retries)."""
+    from ray import tune
+
+    from trainables.trainable import FinelineTrainable
+
+    ex = cfg.execution
+    trainable = tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial})
+    run_config = tune.RunConfig(
+        name=f"tune-{int(time.time())}",
+        storage_path=str(storage_path),
+        verbose=0,
+        callbacks=callbacks,
+        failure_config=tune.FailureConfig(max_failures=ex.max_failures),
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+    )
+    return trainable, run_config
+
+
 def _launch(
     cfg: StudyConfig,
     block: TuneBlock,
@@ -552,8 +572,6 @@ def _launch(
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
-
-    from trainables.trainable import FinelineTrainable
 
     ex, spec = cfg.execution, cfg.points[0].spec
     workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
@@ -570,10 +588,9 @@ def _launch(
             reduction_factor=block.reduction_factor,
             max_t=(spec.train.max_steps or 10**9) if step_based else spec.train.max_epochs,
         )
+    trainable, run_config = tune_parts(cfg, storage_path, [log_cls(n_trials, finished, list(template["space_keys"]))])
     tuner = tune.Tuner(
-        tune.with_resources(
-            FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial}
-        ),
+        trainable,
         param_space={"template": template},
         tune_config=tune.TuneConfig(
             search_alg=search,
@@ -584,14 +601,7 @@ def _launch(
             reuse_actors=True,
             trial_dirname_creator=_trial_dirname,
         ),
-        run_config=tune.RunConfig(
-            name=f"tune-{int(time.time())}",
-            storage_path=str(storage_path),
-            verbose=0,
-            callbacks=[log_cls(n_trials, finished, list(template["space_keys"]))],
-            failure_config=tune.FailureConfig(max_failures=ex.max_failures),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
-        ),
+        run_config=run_config,
     )
     return list(fit(tuner).errors)
 

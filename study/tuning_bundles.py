@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from study.tuning import (
     _told_value,
     _write_pruned,
     make_sampler,
+    tune_parts,
 )
 from study.tuning_config import TuneBlock
 from trainables.tuning_unit import (
@@ -247,8 +247,6 @@ def launch_bundles(
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
-    from trainables.trainable import FinelineTrainable
-
     ex = cfg.execution
     workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
     to_run = n_trials - finished
@@ -257,8 +255,9 @@ def launch_bundles(
         bundle_search_class()(block, template, storage, batch, to_run, n_trials, finished),
         max_concurrent=1 if block.sequential else workers,
     )
+    trainable, run_config = tune_parts(cfg, storage_path)
     tuner = tune.Tuner(
-        tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial}),
+        trainable,
         param_space={"template": template},
         tune_config=tune.TuneConfig(
             search_alg=search,
@@ -266,12 +265,6 @@ def launch_bundles(
             reuse_actors=True,
             trial_dirname_creator=_bundle_dirname,
         ),
-        run_config=tune.RunConfig(
-            name=f"tune-{int(time.time())}",
-            storage_path=str(storage_path),
-            verbose=0,
-            failure_config=tune.FailureConfig(max_failures=ex.max_failures),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
-        ),
+        run_config=run_config,
     )
     return list(fit(tuner).errors)
