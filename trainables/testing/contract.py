@@ -32,7 +32,7 @@ The checks:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,12 +187,15 @@ def contract_suite(
     models: Sequence[str] | None = None,
     data_root: Path | str | None = None,
     device: str = "cpu",
+    pair_marks: Mapping[str, pytest.MarkDecorator] | None = None,
 ) -> type:
     """A pytest test class running the contract over the kept pairs (see the module doc).
 
     ``tasks`` / ``models``: registered names to keep (None: all). ``data_root``: where the
     folders named by ``Task.tiny["data_dir"]`` live. ``device``: ``cpu`` or ``cuda`` (the
     CUDA variant skips without a GPU and runs the bundle checks in true float32).
+    ``pair_marks``: a pytest mark for some pairs, keyed by their id ``"task-model"``, e.g.
+    ``{"scan-transformer": pytest.mark.slow}`` to keep a costly cross pair out of a default run.
     """
     kept = pairs(tasks, models)
     if not kept:
@@ -201,8 +204,16 @@ def contract_suite(
             "name a task and a model that share a data_kind",
         )
     ids = [f"{t.name}-{m.name}" for t, m in kept]
+    marks = dict(pair_marks or {})
+    unknown = sorted(set(marks) - set(ids))
+    if unknown:
+        raise ConfigError(
+            "contract_suite", f"pair_marks names pairs the suite does not run: {', '.join(unknown)}",
+            f"key each mark by a kept pair's id, one of: {', '.join(ids)}",
+        )
+    cases = [pytest.param(t, m, id=i, marks=[marks[i]] if i in marks else []) for (t, m), i in zip(kept, ids)]
     root = Path(data_root) if data_root is not None else None
-    param = pytest.mark.parametrize(("task_cls", "model_cls"), kept, ids=ids)
+    param = pytest.mark.parametrize(("task_cls", "model_cls"), cases)
 
     class ContractSuite:
         @pytest.fixture(autouse=True)
