@@ -227,17 +227,29 @@ def grid_sentence(
             f"Not enough configs with several ok runs to say whether {factor} or the seed decides."
         )
     r = row.iloc[0]
-    s = (
-        f"{factor[0].upper() + factor[1:]} explains {pct(r['between'])}% "
-        f"[{pct(r['low'])}, {pct(r['high'])}] of the variance of {headline} {metric} "
-        f"({r['configs']} configs, at least {r['seeds_min']} seeds each); the seeds the rest."
+    cmp = comparisons[comparisons["split"] == headline]
+    constant = (
+        not cmp.empty
+        and pd.isna(r["F"])
+        and bool((cmp[["diff", "diff_low", "diff_high"]].abs().to_numpy() == 0).all())
     )
+    if constant:  # no variance at all: a share of it, or a "best" config, would say nothing
+        s = (
+            f"{headline} {metric} is {cmp.iloc[0]['mean_better']:.4g} in every run of every config "
+            f"({r['configs']} configs, at least {r['seeds_min']} seeds each): neither {factor} "
+            "nor the seed moves it."
+        )
+    else:
+        s = (
+            f"{factor[0].upper() + factor[1:]} explains {pct(r['between'])}% "
+            f"[{pct(r['low'])}, {pct(r['high'])}] of the variance of {headline} {metric} "
+            f"({r['configs']} configs, at least {r['seeds_min']} seeds each); the seeds the rest."
+        )
     others = shares[shares["split"] != headline]
     if not others.empty:
         parts = ", ".join(f"{x['split']} {pct(x['between'])}%" for _, x in others.iterrows())
         s += f" Other splits: {parts}."
-    cmp = comparisons[comparisons["split"] == headline]
-    if not cmp.empty:
+    if not cmp.empty and not constant:
         top = cmp.sort_values("p_holm", kind="stable").iloc[0]
         best = cmp.iloc[0]
         s += (

@@ -22,7 +22,10 @@ BUILTIN_MODELS = [m.name for m in MODELS if m.__module__.startswith("trainables.
 
 # Cross pairs that no shipped study uses and that cost most of the suite's time: the
 # Transformer on SCAN (~95 s) and on symbol rewriting (~35 s). Run them with -m slow.
-SLOW_PAIRS = {"scan-transformer": pytest.mark.slow, "symbol_rewriting-transformer": pytest.mark.slow}
+SLOW_PAIRS = {
+    "scan-transformer": pytest.mark.slow,
+    "symbol_rewriting-transformer": pytest.mark.slow,
+}
 
 TestBuiltins = contract_suite(
     tasks=BUILTIN_TASKS, models=BUILTIN_MODELS, data_root=SHARED_DATA, pair_marks=SLOW_PAIRS
@@ -54,5 +57,7 @@ def test_a_suite_of_unknown_names_is_an_error_not_zero_tests() -> None:
 
 
 def test_a_mark_for_a_pair_the_suite_does_not_run_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="pair_marks names pairs the suite does not run: dyck1-seq2seq"):
+    with pytest.raises(
+        ConfigError, match="pair_marks names pairs the suite does not run: dyck1-seq2seq"
+    ):
         contract_suite(tasks=["dyck1"], pair_marks={"dyck1-seq2seq": pytest.mark.slow})

@@ -47,7 +47,7 @@ from trainables.optim import (
 from trainables.registry import MODELS
 from trainables.schedules import lr_factor
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
-from trainables.spec import RunSpec
+from trainables.spec import RunSpec, check_data_order
 from trainables.tasks.base import Task
 
 Rows = list[dict[str, Any]]
@@ -169,6 +169,12 @@ class BundleRun:
         self.optimizer = self._optimizer() if self.fused is None else None
         self.train_split = data.train
         self.n_train = len(self.train_split)
+        check_data_order(self.train_cfg, task)
+        self.fixed_orders: list[np.ndarray] | None = None
+        """With ``train.data_order: fixed``, each member's one order of the training split:
+        the first permutation of its order stream (what ``reshuffle`` starts with)."""
+        if self.train_cfg.data_order == "fixed":
+            self.fixed_orders = [numpy_rng(s.order_seed).permutation(self.n_train) for s in seeds]
         self.step_based = self.train_cfg.max_steps is not None or task.fresh_samples
         self.epoch = 0
         self.step = 0
@@ -204,13 +210,20 @@ class BundleRun:
         need = b
         while need > 0:
             if pos >= len(perm):
-                perm, pos = self.order_rngs[k].permutation(self.n_train), 0
+                perm, pos = self._pass_order(k), 0
             take = perm[pos : pos + need]
             out.append(take)
             pos += len(take)
             need -= len(take)
         self.streams[k] = (perm, pos)
         return np.concatenate(out)
+
+    def _pass_order(self, member: int) -> np.ndarray:
+        """Member ``member``'s order of the training split for its next pass: a new
+        permutation from its order stream, or its one order (``train.data_order: fixed``)."""
+        if self.fixed_orders is not None:
+            return self.fixed_orders[member]
+        return self.order_rngs[member].permutation(self.n_train)
 
     def _train_batch(self) -> tuple[SplitData, list[np.ndarray]]:
         b = self.train_cfg.batch_size
@@ -272,7 +285,7 @@ class BundleRun:
         else:
             n_steps = math.ceil(self.n_train / cfg.batch_size)
             self.streams = [
-                (self.order_rngs[m].permutation(self.n_train), 0) if m in self.slots else self.streams[m]
+                (self._pass_order(m), 0) if m in self.slots else self.streams[m]
                 for m in range(len(self.members))
             ]
         running = [m.active for m in self.members]

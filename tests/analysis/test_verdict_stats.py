@@ -13,7 +13,13 @@ from analysis import intervals as iv
 from analysis import stats
 from analysis.bands import curve_bands, performance_profile
 from analysis.variance import variance_share
-from analysis.verdict import compare_configs, excluded_runs, source_shares
+from analysis.verdict import (
+    compare_configs,
+    excluded_runs,
+    grid_sentence,
+    grid_shares,
+    source_shares,
+)
 
 
 def test_mean_interval_is_scipys_bca_and_stays_inside_the_range() -> None:
@@ -191,3 +197,25 @@ def test_performance_profile_fractions() -> None:
     df = pd.DataFrame({"point": ["a"] * 4, "value": [0.1, 0.2, 0.3, 0.4]})
     prof = performance_profile(df)
     assert prof["fraction"].tolist() == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_grid_sentence_of_a_metric_every_run_scores_the_same() -> None:
+    # 3 configs x 4 seeds, test AUC 1.0 everywhere (the simplicity-bias studies): no variance
+    # to share out and no best config; another split with a spread keeps its share
+    df = pd.DataFrame(
+        {"point": np.repeat(["a", "b", "c"], 8), "trial_id": np.repeat(["a", "b", "c"], 8),
+         "split": np.tile(["test"] * 4 + ["s_rand"] * 4, 3),
+         "value": [1.0] * 4 + [0.4, 0.5, 0.6, 0.5] + [1.0] * 4 + [0.5, 0.6, 0.5, 0.4] + [1.0] * 4 + [0.6, 0.4, 0.5, 0.5]}
+    )  # fmt: skip
+    shares = grid_shares(df, ["test", "s_rand"])
+    cmp = compare_configs(df, ["test", "s_rand"], n_boot=200)
+    s = grid_sentence(shares, cmp, "auc", "the grid point (train.lr)", "test")
+    assert s.startswith(
+        "test auc is 1 in every run of every config (3 configs, at least 4 seeds each)"
+    )
+    assert "neither the grid point (train.lr) nor the seed moves it" in s
+    assert "Best:" not in s and "Other splits: s_rand 0%." in s
+    df.loc[0, "value"] = 0.9  # one run differs: back to a share and a best config
+    s = grid_sentence(grid_shares(df, ["test", "s_rand"]), compare_configs(df, ["test", "s_rand"], n_boot=200),
+                      "auc", "the grid point (train.lr)", "test")  # fmt: skip
+    assert s.startswith("The grid point (train.lr) explains") and "Best:" in s

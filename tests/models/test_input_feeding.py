@@ -5,6 +5,11 @@ example at a time, no padding, no packing, plain ``nn`` modules holding the memb
 weights, the decoder stepped by hand with ``[emb(y_{t-1}); h~_{t-1}]`` as its input and the
 dropout masks drawn as the protocol in ``trainables/models/seq2seq/layout.py`` says. In
 float64 both must give the same logits, losses, gradients and greedy outputs.
+
+The same implementation checks the rest of Li et al.'s TensorFlow 1 model (variant
+``li2021_scan``; ``s2s_model.py`` of github.com/yuanpeng16/BCDLSG): the attention layer
+without ``tanh`` (``attention_activation: none``, on both implementations) and its loss,
+summed over tokens and divided by the batch size (``sum_per_sequence``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from pydantic import ValidationError
 from tests_support import TINY_STUDY
 
@@ -27,15 +33,21 @@ from study.runner import check_bundles
 from trainables.data import BOS, EOS, SeqPairs, Vocab
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise
-from trainables.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from trainables.models.seq2seq import REDUCTIONS, Seq2Seq, Seq2SeqConfig
 from trainables.models.seq2seq.reference import ReferenceEngine
 from trainables.seeding import torch_generator
 
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 N_SRC, N_TGT, MAX_SRC = 7, 14, 6
 VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {},
     "bi2": {"bidirectional": True, "layers": 2},
     "tgt_emb_reversed": {"tgt_emb_size": 3, "reverse_source": True},
+    # Li et al.'s SCAN model (TensorFlow 1's AttentionWrapper): BiLSTM, TF's init, 8-dim
+    # action embeddings, the attention layer without tanh
+    "li2021_scan": {
+        "bidirectional": True, "init": "tf", "tgt_emb_size": 8, "attention_activation": "none",
+    },
 }
 
 
@@ -130,7 +142,9 @@ class Plain:
         out, state = self.mods["decoder"](torch.cat([y, feed])[None, None], state)
         h = out[0, 0]
         weights = torch.softmax(self.mods["attn"](enc) @ h, 0)  # (S,)
-        u = torch.tanh(self.mods["combine"](torch.cat([weights @ enc, h])))
+        u = self.mods["combine"](torch.cat([weights @ enc, h]))
+        if self.cfg.attention_activation == "tanh":
+            u = torch.tanh(u)
         if self.masks is not None and j is not None:
             u = u * self.masks["u"][j][t]
         return self.mods["out"](u), u, state
@@ -295,3 +309,138 @@ def test_study_files_keep_their_ids_and_a_feeding_study_trains_one_seed_per_bund
     assert info.value.field == "execution.bundle_size"
     with pytest.raises(ConfigError, match="input_feeding"):
         parse({**TINY_STUDY, "model": {**model, "impl": "fast"}})
+
+
+# --- Li et al.'s TensorFlow 1 model: the attention layer without tanh, the loss sum / batch ---
+
+
+def plain_grads(plain: Plain) -> dict[str, torch.Tensor]:
+    """The plain implementation's gradients under the stacked parameter names."""
+    return {
+        f"{mod}_{name}": p.grad
+        for mod, module in plain.mods.items()
+        for name, p in module.named_parameters()
+        if p.grad is not None
+    }
+
+
+def test_the_loss_is_tensorflows_token_sum_divided_by_the_batch_size() -> None:
+    """Li et al.'s loss, ``tf.reduce_sum(ce * target_mask / batch_size)`` over the padded
+    (batch, time) grid, is ``sum_per_sequence``: value and gradients against the plain
+    implementation of their model (input feeding, no tanh, BiLSTM, TF's init)."""
+    data = pairs(12, seed=2)
+    m = feeding_model(seed=4, **VARIANTS["li2021_scan"])
+    rows = m.train_layout(data, [np.arange(9)])[0]
+    batch = m.make_batch(data, [rows], torch.device("cpu"))
+    loss = m.loss(batch, None, "sum_per_sequence")
+    loss.sum().backward()
+
+    plain = Plain(m, None, [])
+    t_max = max(len(data.tgt[r]) + 1 for r in rows)
+    ce = torch.zeros(len(rows), t_max, dtype=torch.float64)  # padded grid, as TF computes it
+    mask = torch.zeros(len(rows), t_max, dtype=torch.float64)
+    for j, r in enumerate(rows):
+        gold = torch.as_tensor([*data.tgt[r].tolist(), EOS])
+        logits = plain.teacher_forced(data.src[r], data.tgt[r], j)
+        ce[j, : len(gold)] = F.cross_entropy(logits, gold, reduction="none")
+        mask[j, : len(gold)] = 1.0
+    tf_loss = (ce * mask / len(rows)).sum()
+    assert len(rows) == 9 and torch.allclose(loss[0], tf_loss, rtol=1e-12, atol=0)
+    assert not torch.allclose(loss[0], m.loss(batch, None, "token_mean")[0])  # not a mean
+    tf_loss.backward()
+    theirs = plain_grads(plain)
+    for name, p in m.named_parameters():
+        assert p.grad is not None
+        assert torch.allclose(p.grad[0], theirs[name], rtol=1e-10, atol=1e-13), name
+
+
+def test_the_li2021_models_gradients_pass_a_finite_difference_check() -> None:
+    """Autograd through the reference's input-feeding decoder without tanh agrees with
+    central differences (float64) for the attention, combine and fed decoder weights."""
+    cfg = {**VARIANTS["li2021_scan"], "emb_size": 4, "hidden_size": 3, "tgt_emb_size": 3}
+    m = feeding_model(seed=6, **cfg)
+    data = pairs(4, seed=7)
+    batch = m.make_batch(data, m.train_layout(data, [np.arange(3)]), torch.device("cpu"))
+    params = {n: p.detach() for n, p in m.named_parameters()}
+    names = ["attn_weight", "combine_weight", "decoder_weight_ih_l0"]
+
+    def loss(*values: torch.Tensor) -> torch.Tensor:
+        ce = m.engine.token_ce({**params, **dict(zip(names, values, strict=True))}, batch, None)
+        return REDUCTIONS["sum_per_sequence"](ce, batch)
+
+    inputs = tuple(params[n].clone().requires_grad_() for n in names)
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_the_fast_path_computes_the_attention_layer_without_tanh(kernels: str) -> None:
+    """``attention_activation: none`` without input feeding trains on the fast path: a bundle
+    member's loss, gradients, teacher-forced losses and greedy outputs equal the reference's
+    (float32; the C decoder has only tanh, so its decoding falls back to torch ops)."""
+    cfg = Seq2SeqConfig(
+        emb_size=6, hidden_size=5, bidirectional=True, init="tf", tgt_emb_size=8,
+        attention_activation="none", dropout=0.2,
+    )
+    assert cfg.impl == "fast"
+    fast = Seq2Seq(cfg, make_meta(), 2)
+    for k, seed in enumerate([11, 12]):
+        fast.init_member(k, torch_generator(seed))
+    ref = fast.to_reference(1)
+    data = pairs(16, seed=3)
+    rows = fast.train_layout(data, [np.arange(8), np.arange(8, 16)])
+    cpu = torch.device("cpu")
+    lf = fast.loss(fast.make_batch(data, rows, cpu), MemberNoise([41, 42]), "sum_per_sequence")
+    lf.sum().backward()
+    lr = ref.loss(ref.make_batch(data, rows[1:], cpu), MemberNoise([42]), "sum_per_sequence")
+    lr.sum().backward()
+    assert torch.allclose(lf[1], lr[0], rtol=1e-6, atol=0)
+    for (name, pf), (_, pr) in zip(fast.named_parameters(), ref.named_parameters(), strict=True):
+        assert pf.grad is not None and pr.grad is not None
+        scale = float(pr.grad.abs().max())
+        assert float((pf.grad[1] - pr.grad[0]).abs().max()) <= 1e-5 * scale, name
+
+    order = np.argsort([len(s) for s in data.src], kind="stable")
+    batch, ref_batch = fast.make_batch(data, [order] * 2, cpu), ref.make_batch(data, [order], cpu)
+    with torch.no_grad():
+        metrics, preds = fast.evaluate_batch(batch)
+        ref_metrics, ref_preds = ref.evaluate_batch(ref_batch)
+        greedy = fast.predict(batch)
+    assert torch.allclose(metrics["loss"][1], ref_metrics["loss"][0], rtol=1e-5)
+    for j in range(len(order)):
+        assert np.array_equal(preds[1][j], ref_preds[0][j]), j
+        assert np.array_equal(greedy[1][j], ref_preds[0][j]), j
+    assert len({tuple(p) for p in ref_preds[0]}) > 3  # predictions really vary
+
+    # the tanh really is left out: the same weights with it compute other losses
+    tanh = Seq2Seq(cfg.model_copy(update={"attention_activation": "tanh"}), make_meta(), 1)
+    tanh.load_member_state(0, ref.member_state(0))
+    with torch.no_grad():
+        assert not torch.allclose(tanh.example_losses(ref_batch), ref.example_losses(ref_batch))
+
+
+def test_attention_activation_keeps_ids_and_needs_attention() -> None:
+    assert Seq2SeqConfig().attention_activation == "tanh"
+    assert "attention_activation" not in Seq2SeqConfig(attention_activation="tanh").identity()
+    assert Seq2SeqConfig(attention_activation="none").identity()["attention_activation"] == "none"
+    with pytest.raises(ValidationError, match="attention: bilinear"):
+        Seq2SeqConfig(attention_activation="none", attention="none")
+    with pytest.raises(ConfigError) as info:
+        parse({**TINY_STUDY, "model": {**TINY_STUDY["model"], "attention_activation": "relu"}})
+    assert info.value.field == "model.attention_activation"
+
+
+def test_the_li2021_scan_study_follows_the_original_code(tmp_path: Path) -> None:
+    """configs/li2021_scan.yaml states what s2s_model.py computes, validates, and trains its
+    (reference, input-feeding) model one seed per bundle."""
+    study = parse(yaml.safe_load((CONFIGS / "li2021_scan.yaml").read_text()))
+    assert len(study.points) == 2
+    for point in study.points:
+        model, train = point.spec.model, point.spec.train
+        assert isinstance(model, Seq2SeqConfig)
+        assert (model.input_feeding, model.impl, model.attention_activation) == (True, "reference", "none")
+        assert (model.bidirectional, model.attention, model.init, model.tgt_emb_size) == (
+            True, "bilinear", "tf", 8,
+        )
+        assert train.loss_reduction == "sum_per_sequence"
+    check_bundles(study)
+    units, planned, _ = plan_units(study, tmp_path, "li2021_scan", "cpu", 2)
+    assert planned == 10 and len(units) == 10 and all(len(u.seeds) == 1 for u in units)

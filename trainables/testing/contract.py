@@ -211,7 +211,10 @@ def contract_suite(
             "contract_suite", f"pair_marks names pairs the suite does not run: {', '.join(unknown)}",
             f"key each mark by a kept pair's id, one of: {', '.join(ids)}",
         )
-    cases = [pytest.param(t, m, id=i, marks=[marks[i]] if i in marks else []) for (t, m), i in zip(kept, ids)]
+    cases = [
+        pytest.param(t, m, id=i, marks=[marks[i]] if i in marks else [])
+        for (t, m), i in zip(kept, ids, strict=True)
+    ]
     root = Path(data_root) if data_root is not None else None
     param = pytest.mark.parametrize(("task_cls", "model_cls"), cases)
 

@@ -200,7 +200,7 @@ class FastEngine(Engine):
             )
             ctx = torch.bmm(short_softmax(scores), enc.view(k * b, s, he))  # (K*B, T, He)
             ctx_tok = ctx.view(k * b * t, he).index_select(0, pos).view(k, n, he)
-            u = w.tanh_(torch.baddbmm(torch.bmm(q_tok, w.comb_h_t), ctx_tok, w.comb_ctx_t))
+            u = w.combine_act_(torch.baddbmm(torch.bmm(q_tok, w.comb_h_t), ctx_tok, w.comb_ctx_t))
         else:
             u = q_tok
         mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)

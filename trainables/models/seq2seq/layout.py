@@ -73,6 +73,9 @@ class Arch:
     input_feeding: bool = False
     """Decoder layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
     sec. 3.3), ``h~_0 = 0``; only the reference implementation computes it."""
+    attention_tanh: bool = True
+    """``h~ = tanh(W_c [context; h_dec])``; False: ``h~ = W_c [context; h_dec]`` (TensorFlow 1's
+    ``AttentionWrapper`` attention layer, no activation)."""
 
     @property
     def tgt_emb_size(self) -> int:

@@ -13,7 +13,8 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   sec. 3.3), one step at a time, in the reference implementation only;
 * attention ``bilinear``: ``score_s = h_dec^T W_a h_enc_s`` (masked beyond the source
   length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
-  bias in W_a or W_c); attention ``none``: ``h~ = h_dec``;
+  bias in W_a or W_c; ``attention_activation: none`` leaves out the ``tanh``, as TensorFlow
+  1's ``AttentionWrapper`` does); attention ``none``: ``h~ = h_dec``;
 * dropout on the source and target embeddings and on h~; ``logits = W_out h~ + b``.
 * bidirectional encoder: each layer's outputs and final states are the concatenation of
   both directions, and the decoder has ``2 * hidden_size`` units, so it starts from that
@@ -122,6 +123,13 @@ class Seq2SeqConfig(FrozenConfig):
     (``cell_input_fn`` defaults to ``concat([inputs, attention], -1)``), which Li et al.'s
     SCAN code uses. Needs ``attention: bilinear``; only the reference implementation has
     it, so it picks ``impl: reference`` unless ``impl`` is given (one seed per bundle)."""
+    attention_activation: Literal["tanh", "none"] = added_field("tanh")
+    """The attentional state's activation: ``tanh``: ``h~ = tanh(W_c [context; h_dec])``
+    (Luong et al. 2015, eq. 5; OpenNMT-py); ``none``: ``h~ = W_c [context; h_dec]``, a linear
+    layer without bias: TensorFlow 1's ``AttentionWrapper`` with ``attention_layer_size``
+    (its attention layer is ``Dense(attention_layer_size, use_bias=False)``, no activation),
+    which Li et al.'s SCAN code uses. Both implementations have both; ``none`` needs
+    ``attention: bilinear``."""
     impl: Literal["fast", "reference"] = "fast"
     """``fast``: batched bundle implementation; ``reference``: plain eager ``nn`` modules,
     one seed per model (the baseline the fast path is tested against)."""
@@ -163,6 +171,12 @@ class Seq2SeqConfig(FrozenConfig):
             raise ValueError(
                 "input_feeding: feeds the attentional state back, but attention is none. Fix: "
                 "set attention: bilinear, or input_feeding: false"
+            )
+        if self.attention_activation != "tanh" and self.attention == "none":
+            raise ValueError(
+                "attention_activation: there is no attentional state without attention "
+                "(attention is none). Fix: set attention: bilinear, or leave "
+                "attention_activation unset (tanh)"
             )
         return self
 
@@ -239,6 +253,7 @@ def _arch(cfg: Seq2SeqConfig, meta: dict[str, Any]) -> Arch:
         max_tgt_len=int(meta["max_tgt_len"]),
         tgt_emb=cfg.tgt_emb_size or 0,
         input_feeding=cfg.input_feeding,
+        attention_tanh=cfg.attention_activation == "tanh",
     )
 
 

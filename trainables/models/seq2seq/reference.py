@@ -100,7 +100,13 @@ class ReferenceEngine(Engine):
         scores = torch.bmm(dec, m("attn", enc).transpose(1, 2))  # (B, T, S)
         scores = scores.masked_fill(~src_mask[:, None, :], float("-inf"))
         ctx = torch.bmm(scores.softmax(-1), enc)  # (B, T, He)
-        return torch.tanh(m("combine", torch.cat([ctx, dec], -1)))
+        return self._combine(m, ctx, dec)
+
+    def _combine(self, m: _Bound, ctx: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        """The attentional state ``h~ = tanh(W_c [ctx; dec])``, or without the ``tanh``
+        (``Arch.attention_tanh`` False: TensorFlow 1's ``AttentionWrapper``)."""
+        pre = m("combine", torch.cat([ctx, dec], -1))
+        return torch.tanh(pre) if self.arch.attention_tanh else pre
 
     def feed_step(
         self,
@@ -137,7 +143,7 @@ class ReferenceEngine(Engine):
             return x, state
         scores = (keys * x.unsqueeze(1)).sum(-1).masked_fill(~src_mask, float("-inf"))  # (B, S)
         ctx = (scores.softmax(-1).unsqueeze(-1) * enc).sum(1)  # (B, He)
-        return torch.tanh(m("combine", torch.cat([ctx, x], -1))), state
+        return self._combine(m, ctx, x), state
 
     def _feed_decoder(
         self,

@@ -112,7 +112,7 @@ class FastStepper:
         if self.keys_t is not None:
             assert w.comb_ctx_t is not None and w.comb_h_t is not None
             ctx = attend_one(self.keys_t, x, self.bias, self.enc, self.kern).view(self.k, self.n, -1)
-            x = w.tanh_(torch.baddbmm(torch.bmm(x, w.comb_h_t), ctx, w.comb_ctx_t))
+            x = w.combine_act_(torch.baddbmm(torch.bmm(x, w.comb_h_t), ctx, w.comb_ctx_t))
         return torch.baddbmm(w.out_b, x, w.out_t)
 
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,11 @@ class FastStepper:
         return self.decode_in_c(steps)[0]
 
     def in_c(self) -> bool:
-        """Whether :meth:`decode_in_c` can run: the C kernels on this device, width 1."""
+        """Whether :meth:`decode_in_c` can run: the C kernels on this device, width 1, and
+        an attentional state with ``tanh`` where there is attention (the C decoder has no
+        other activation; without it the torch ops decode)."""
+        if self.keys_t is not None and not self.arch.attention_tanh:
+            return False
         return self.width == 1 and applicable(self.kern, self.enc, self.arch.dec_hidden) is not None
 
     def decode_in_c(

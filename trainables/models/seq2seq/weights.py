@@ -58,6 +58,9 @@ class Weights:
     kern: KernelChoice = "default"
     """The compiled CPU kernels every computation with these weights uses: the model's
     choice, made once at its construction (None: torch ops; see :mod:`ckernels`)."""
+    attention_tanh: bool = True
+    """The attentional state is ``tanh`` of the combine layer's output (``Arch.attention_tanh``);
+    False: the output itself, and the combine weights are not doubled in evaluation."""
 
     def lstm(
         self,
@@ -79,8 +82,11 @@ class Weights:
         w_ih = layer.w_ih_t.transpose(1, 2)  # (K, 4H, in)
         return lstm_sequence(inputs, w_ih, layer.w_hh, h0, c0, active, layer.bias, self.kern)
 
-    def tanh_(self, x: torch.Tensor) -> torch.Tensor:
-        """tanh of a pre-activation made with the combine weights (doubled in evaluation)."""
+    def combine_act_(self, x: torch.Tensor) -> torch.Tensor:
+        """The attentional state from a pre-activation made with the combine weights: its
+        tanh (the weights doubled in evaluation), or ``x`` itself without ``attention_tanh``."""
+        if not self.attention_tanh:
+            return x
         return torch.sigmoid(x, out=x).mul_(2.0).sub_(1.0) if self.evaluation else x.tanh()
 
 
@@ -114,7 +120,8 @@ def build_weights(
     attn_t = comb_ctx_t = comb_h_t = None
     if arch.attention:
         attn_t = p["attn_weight"].transpose(1, 2)
-        comb = p["combine_weight"] * 2.0 if ev else p["combine_weight"]  # (K, Hd, He + Hd)
+        doubled = ev and arch.attention_tanh  # tanh(x) = 2 sigmoid(2x) - 1 in evaluation
+        comb = p["combine_weight"] * 2.0 if doubled else p["combine_weight"]  # (K, Hd, He + Hd)
         comb_ctx_t = comb[:, :, : arch.enc_out].transpose(1, 2)
         comb_h_t = comb[:, :, arch.enc_out :].transpose(1, 2)
     return Weights(
@@ -131,6 +138,7 @@ def build_weights(
         src_table=[token_table(p["src_emb_weight"], cell) for cell in encoder[0]] if ev else None,
         tgt_table=token_table(p["tgt_emb_weight"], decoder[0]) if ev else None,
         kern=kern,
+        attention_tanh=arch.attention_tanh,
     )
 
 
