@@ -186,4 +186,5 @@ def test_the_scan_study_uses_the_original_init_and_target_embedding() -> None:
             32,
         )
     m = Seq2Seq(cfg.points[0].spec.model, meta(), 1)
-    assert m.tgt_emb_weight.shape[2] == 8 and m.decoder_weight_ih_l0.shape[2] == 8
+    # decoder layer 0 reads [emb(y); h~] (input feeding): 8 + 64 inputs
+    assert m.tgt_emb_weight.shape[2] == 8 and m.decoder_weight_ih_l0.shape[2] == 8 + 64

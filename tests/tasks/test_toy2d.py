@@ -227,6 +227,7 @@ def test_the_paper_config_trains_on_its_fixed_points(torch_threads) -> None:
     train, model = spec.train, spec.model
     assert (train.optimizer, train.lr, train.batch_size, train.max_epochs) == ("sgd", 0.1, 10, 1024)
     assert (model.loss, model.output_activation, model.init) == ("square", "tanh", "playground")
+    assert train.data_order == "fixed"  # Playground's one order of its points
     raw["task"]["n_eval"] = 200
     raw["train"]["max_epochs"] = 4
     spec = parse(raw).points[0].spec
