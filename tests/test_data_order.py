@@ -1,13 +1,16 @@
-"""``train.data_order``: reshuffle the training split on every pass, or keep one order.
+"""``train.data_order``: reshuffle the training split on every pass, keep one order, or
+draw every batch with replacement.
 
 ``fixed`` is TensorFlow Playground's way (Li et al.'s 2-D toy): the points are shuffled
 once and every pass visits them in that order. Each member draws its one order from its own
-``order_seed``, so a bundle member trains exactly as its lone run does. The rows each
-member trains on are recorded from the run's own batches (no mock of the order).
+``order_seed``, so a bundle member trains exactly as its lone run does. ``with_replacement``
+is Li et al.'s SCAN code (``np.random.choice(len(train), size=batch_size)`` per step). The
+rows each member trains on are recorded from the run's own batches (no mock of the order).
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -144,3 +147,103 @@ def test_the_default_keeps_trial_ids_and_fresh_samples_refuse_a_fixed_order() ->
     with pytest.raises(ConfigError) as info:
         toy_spec("sorted")
     assert info.value.field == "train.data_order"
+
+
+# --- with_replacement: Li et al.'s SCAN code, ``np.random.choice(len(train), size=batch)`` ---
+
+
+def draws(spec: RunSpec, group: list[SeedSet], batches: int) -> Recorded:
+    """``batches`` training batches of each member, drawn by the run (no training)."""
+    rec = Recorded(spec, group)
+    for _ in range(batches):
+        rec.run._train_batch()
+    return rec
+
+
+def test_draws_with_replacement_are_uniform_and_each_members_own_stream() -> None:
+    """Every batch is ``batch_size`` independent uniform draws over the whole split from the
+    member's own order stream: repeats within a batch are as frequent as drawing with
+    replacement makes them (a permutation never repeats), and every row is equally likely."""
+    from scipy.stats import chisquare
+
+    n, b, batches = 30, 10, 3000
+    group = seeds(2)
+    rec = draws(toy_spec("with_replacement", n_train=n), group, batches)
+    for k, s in enumerate(group):
+        rng = numpy_rng(s.order_seed)
+        assert all(np.array_equal(r, rng.choice(n, size=b)) for r in rec.rows[k])
+        flat = np.concatenate(rec.rows[k])
+        assert flat.min() == 0 and flat.max() == n - 1
+        counts = np.bincount(flat, minlength=n)
+        assert chisquare(counts).pvalue > 1e-3  # uniform over the split (30,000 draws)
+        repeats = np.mean([len(np.unique(r)) < b for r in rec.rows[k]])
+        expected = 1 - np.prod(1 - np.arange(b) / n)  # P(a repeat among 10 of 30) = 0.814
+        assert abs(repeats - expected) < 0.04, (repeats, expected)
+        # consecutive draws are independent: the pair (draw i, draw i + 1) is uniform too
+        pairs = np.bincount(flat[:-1] * n + flat[1:], minlength=n * n)
+        assert chisquare(pairs).pvalue > 1e-3
+    assert not np.array_equal(np.concatenate(rec.rows[0]), np.concatenate(rec.rows[1]))
+
+
+def test_a_pass_with_replacement_is_len_train_over_batch_size_draws() -> None:
+    """Epoch-based training: an epoch is ceil(23 / 10) = 3 batches, and the stream runs on
+    across epochs (no permutation is drawn between them)."""
+    group = seeds(2)
+    rec = Recorded(toy_spec("with_replacement", n_train=23), group)
+    rec.run.train_round()
+    assert rec.run.step == 3 and rec.run.epoch == 1
+    rec.run.train_round()
+    assert rec.run.step == 6
+    for k, s in enumerate(group):
+        rng = numpy_rng(s.order_seed)
+        assert len(rec.rows[k]) == 6
+        assert all(np.array_equal(r, rng.choice(23, size=10)) for r in rec.rows[k])
+
+
+def test_with_replacement_bundle_members_train_as_their_lone_runs() -> None:
+    group = seeds(3)
+    bundle = Recorded(toy_spec("with_replacement"), group)
+    for _ in range(3):
+        bundle.run.train_round()
+    for k, s in enumerate(group):
+        lone = Recorded(toy_spec("with_replacement"), [s])
+        for _ in range(3):
+            lone.run.train_round()
+        assert np.array_equal(np.concatenate(lone.rows[0]), np.concatenate(bundle.rows[k]))
+        mine, theirs = lone.run.model.member_state(0), bundle.run.model.member_state(k)
+        for name in mine:
+            assert torch.allclose(mine[name], theirs[name], rtol=0, atol=1e-6), (k, name)
+    first, second = bundle.run.model.member_state(0), bundle.run.model.member_state(1)
+    assert any(not torch.allclose(first[n], second[n]) for n in first)
+
+
+@pytest.mark.parametrize("step_based", [False, True])
+def test_a_resumed_run_draws_on_where_it_stopped(step_based: bool) -> None:
+    """Resumed from a checkpoint after one round, a run draws exactly the batches and ends
+    with exactly the parameters of the run that was never interrupted."""
+    extra: dict[str, Any] = {"max_steps": 6, "eval_every_steps": 3} if step_based else {}
+    spec = toy_spec("with_replacement", n_train=23, **extra)
+    straight = Recorded(spec, seeds(2))
+    straight.run.train_round()
+    state = pickle.loads(pickle.dumps(straight.run.state_dict()))
+    straight.run.train_round()
+    resumed = Recorded(spec, seeds(2))
+    resumed.run.load_state_dict(state)
+    resumed.run.train_round()
+    assert resumed.run.step == straight.run.step == 6
+    for k in range(2):
+        assert len(resumed.rows[k]) == 3
+        assert all(np.array_equal(a, b) for a, b in zip(resumed.rows[k], straight.rows[k][3:], strict=True))
+        assert not np.array_equal(np.concatenate(straight.rows[k][:3]), np.concatenate(resumed.rows[k]))
+        mine, theirs = resumed.run.model.member_state(k), straight.run.model.member_state(k)
+        assert all(torch.equal(mine[name], theirs[name]) for name in mine)
+
+
+def test_with_replacement_keeps_the_default_id_and_refuses_fresh_samples() -> None:
+    assert toy_spec("with_replacement").trial_id() not in {
+        toy_spec(None).trial_id(), toy_spec("fixed").trial_id()
+    }
+    with pytest.raises(ConfigError) as info:
+        toy_spec("with_replacement", fresh=True)
+    assert info.value.field == "train.data_order"
+    assert "fresh_samples" in str(info.value) and "draw batches from" in str(info.value)

@@ -204,7 +204,11 @@ class BundleRun:
 
     # ----------------------------------------------------------------- training
     def _next_rows(self, k: int, b: int) -> np.ndarray:
-        """Member k's next ``b`` training rows from its own endless shuffled stream."""
+        """Member k's next ``b`` training rows from its own endless shuffled stream, or with
+        ``train.data_order: with_replacement`` ``b`` uniform draws from its order stream (its
+        state is checkpointed: a resumed run draws on where it stopped)."""
+        if self.train_cfg.data_order == "with_replacement":
+            return self.order_rngs[k].choice(self.n_train, size=b)
         perm, pos = self.streams[k]
         out: list[np.ndarray] = []
         need = b
@@ -284,10 +288,11 @@ class BundleRun:
                 n_steps = min(n_steps, cfg.max_steps - self.step)
         else:
             n_steps = math.ceil(self.n_train / cfg.batch_size)
-            self.streams = [
-                (self._pass_order(m), 0) if m in self.slots else self.streams[m]
-                for m in range(len(self.members))
-            ]
+            if cfg.data_order != "with_replacement":  # draws with replacement have no passes
+                self.streams = [
+                    (self._pass_order(m), 0) if m in self.slots else self.streams[m]
+                    for m in range(len(self.members))
+                ]
         running = [m.active for m in self.members]
         loss_sum = torch.zeros(self.k, dtype=torch.float64, device=self.device)
         n_examples = 0

@@ -109,12 +109,16 @@ class TrainConfig(FrozenConfig):
     """Linear warmup: the step taken after ``t < warmup_steps`` steps runs at ``lr * t /
     warmup_steps`` (0 at the first step, as torch's LambdaLR; Nanda et al.'s grokking code
     warms up over 10 steps); 0: no warmup."""
-    data_order: Literal["reshuffle", "fixed"] = added_field("reshuffle")
+    data_order: Literal["reshuffle", "fixed", "with_replacement"] = added_field("reshuffle")
     """The order of the training examples in each pass over the training split, each
     member's from its own ``order_seed``: ``reshuffle``: a new permutation for every pass;
     ``fixed``: one permutation (the one ``reshuffle`` starts with), kept for every pass, as
     TensorFlow Playground passes over its points in the one order they were shuffled into
-    when the data were made. Not for a task that draws fresh samples (``fresh_samples``)."""
+    when the data were made; ``with_replacement``: every batch is ``batch_size`` independent
+    uniform draws from the whole split (numpy's ``Generator.choice(n, size=batch_size)``), as
+    Li et al.'s SCAN code draws ``np.random.choice(len(train), size=batch_size)``; a pass
+    (epoch) is then ``ceil(len(train) / batch_size)`` such batches. Not for a task that draws
+    fresh samples (``fresh_samples``)."""
     compile: bool = False
     """Use a model's compiled fast path where it has one (costs a cold compile)."""
     eval_batch_size: int = Field(1024, ge=1)
@@ -204,7 +208,7 @@ class RunSpec:
         model_cfg = validate(model_cls.Config, model_raw, "model")
         train_cfg = validate(TrainConfig, dict(raw.get("train") or {}), "train")
         train_cfg = _resolve_reduction(train_cfg, model_cls)
-        if train_cfg.data_order == "fixed":
+        if train_cfg.data_order != "reshuffle":
             check_data_order(train_cfg, task_cls(task_cfg))
         spec = cls(task_cls.name, task_cfg, model_cls.name, model_cfg, train_cfg)
         spec.check_metrics()
@@ -251,12 +255,14 @@ class RunSpec:
 
 
 def check_data_order(train: TrainConfig, task: Task) -> None:
-    """``data_order: fixed`` needs a fixed training split to order (ConfigError otherwise)."""
-    if train.data_order == "fixed" and task.fresh_samples:
+    """``data_order: fixed`` or ``with_replacement`` needs a fixed training split to order
+    or draw from (ConfigError otherwise)."""
+    if train.data_order != "reshuffle" and task.fresh_samples:
+        what = "whose order could be kept" if train.data_order == "fixed" else "to draw batches from"
         raise ConfigError(
             "train.data_order",
             f"task {task.name!r} draws fresh training samples every step: there is no fixed "
-            "training split whose order could be kept",
+            f"training split {what}",
             "set the task's fresh_samples: false (if it has that option), or leave data_order "
             "unset (reshuffle)",
         )

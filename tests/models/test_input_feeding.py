@@ -441,6 +441,110 @@ def test_the_li2021_scan_study_follows_the_original_code(tmp_path: Path) -> None
             True, "bilinear", "tf", 8,
         )
         assert train.loss_reduction == "sum_per_sequence"
+        assert train.data_order == "with_replacement"  # np.random.choice per step
     check_bundles(study)
     units, planned, _ = plan_units(study, tmp_path, "li2021_scan", "cpu", 2)
     assert planned == 10 and len(units) == 10 and all(len(u.seeds) == 1 for u in units)
+
+
+# --- Li et al.'s decoder input (the rolled target) and its decoding length ------------------
+
+
+def original_targets(tgt: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Targets laid out as Li et al.'s ``data_generator.py`` (``Formarter``) does: action ids
+    from 1 with 0 the padding, which doubles as EOS (fineline's id a is their a - 2), padded
+    with 0 to the longest target + 1 (``get_maximum_length``), lengths counting the one EOS
+    position (``padding``: ``len(seq) + 1``)."""
+    width = max(len(t) for t in tgt) + 1
+    y = np.zeros((len(tgt), width), dtype=np.int64)
+    for i, t in enumerate(tgt):
+        y[i, : len(t)] = t - 2
+    return y, np.array([len(t) + 1 for t in tgt])
+
+
+def original_decoder(
+    plain: Plain, src: np.ndarray, y: np.ndarray, y_len: int
+) -> tuple[float, float, float, float]:
+    """``s2s_model.py`` for one example: the decoder runs all ``max_output_length`` steps
+    (``TrainingHelper(decoder_emb_inp, lengths = max_output_length)``, l. 195-197), its input
+    at step t the embedding of ``roll(y, 1)[t]`` (l. 159-160), so ``y[-1]`` (always 0) at t = 0.
+    Their table is fineline's relabelled: their row 0 is the BOS row, row a the row of a + 2
+    (the output classes likewise, class 0 being EOS). Returns the    masked loss (l. 234-236), the sentence (l. 246) and word accuracy (l. 239-243), and what
+    the sentence accuracy would be without the mask (every step's argmax scored)."""
+    enc, state = plain.encode(src, 0)
+    feed = torch.zeros(plain.mods["combine"].out_features, dtype=torch.float64)
+    logits = []
+    for t, prev in enumerate(np.roll(y, 1).tolist()):
+        z, feed, state = plain.step(enc, state, BOS if prev == 0 else prev + 2, feed, None, t)
+        logits.append(z)
+    z = torch.stack(logits)  # (max_output_length, V)
+    gold = torch.as_tensor(np.where(y == 0, EOS, y + 2))
+    mask = torch.arange(len(y)) < y_len  # tf.sequence_mask(y_len, max_output_length)
+    ce = F.cross_entropy(z, gold, reduction="none")
+    top = z.argmax(1)
+    theirs = torch.where(top == EOS, 0, torch.where(top > EOS, top - 2, -1))  # PAD, BOS: no class
+    prediction = theirs * mask  # l. 239: argmax * target_mask
+    equal = (torch.as_tensor(y) == prediction).double()
+    unmasked = float((torch.as_tensor(y) == theirs).all())
+    return float((ce * mask).sum()), float(equal.min()), float((equal * mask).sum() / y_len), unmasked
+
+
+def test_the_rolled_target_input_is_a_relabelled_start_symbol_and_extra_steps_change_nothing() -> None:
+    """Li et al.'s decoder reads ``roll(embed(y), 1)`` for all ``max_output_length`` steps and
+    scores ``argmax * target_mask``. Re-implemented that way (float64, the SCAN model, trained
+    a little so that some examples are right), it gives every example fineline's summed loss,
+    ``tf_exact`` (their sentence accuracy) and ``tf_token`` (their word accuracy): their
+    first input is their padding/EOS row, used at no other scored step, i.e. a start symbol
+    under another name, and the steps past an example's EOS, though computed, count for nothing."""
+    data = pairs(40, seed=8)
+    m = feeding_model(seed=5, **VARIANTS["li2021_scan"], teacher_forced_exact=True)
+    cpu = torch.device("cpu")
+    train = m.make_batch(data, m.train_layout(data, [np.arange(40)]), cpu)
+    opt = torch.optim.Adam(m.parameters(), lr=0.03)
+    for _ in range(25):
+        opt.zero_grad()
+        m.loss(train, None, "sum_per_sequence").sum().backward()
+        opt.step()
+    rows = np.argsort([len(t) for t in data.tgt], kind="stable")[:24]  # not the longest
+    batch = m.make_batch(data, [rows], cpu)
+    with torch.no_grad():
+        metrics, _ = m.evaluate_batch(batch)
+        y, y_len = original_targets(data.tgt)  # padded to the longest of ALL the data + 1
+        assert y.shape[1] > batch.tgt_in.shape[2]  # they run more steps than this batch has
+        plain = Plain(m, None, [])
+        unmasked = []
+        for j, r in enumerate(rows):
+            loss, sentence, word, whole = original_decoder(plain, data.src[r], y[r], y_len[r])
+            assert abs(loss - float(metrics["loss"][0, j])) <= 1e-12 * max(1.0, loss), j
+            assert sentence == float(metrics["tf_exact"][0, j]), j
+            assert abs(word - float(metrics["tf_token"][0, j])) <= 1e-12, j
+            unmasked.append(whole)
+    exact = metrics["tf_exact"][0]
+    assert 0 < float(exact.sum()) < len(rows), "some examples right, some wrong"
+    # scoring the steps past EOS too would lose examples: the mask (l. 239) is what counts
+    assert sum(unmasked) < float(exact.sum())
+    # the first input really is the start symbol: another row there changes the losses
+    other = m.make_batch(data, [rows], cpu)
+    other.tgt_in[..., 0] = EOS
+    with torch.no_grad():
+        assert not torch.allclose(m.example_losses(other), metrics["loss"])
+
+
+@pytest.mark.parametrize("setting", ["A", "B"])
+def test_on_scan_the_first_input_is_always_their_padding_and_the_steps_are_theirs(
+    setting: str,
+) -> None:
+    """With SCAN's targets (train and test, as their ``get_maximum_length`` takes both) the
+    original's rolled input at t = 0 is the padding/EOS id 0 for every command, the id never
+    enters at another scored step, and their ``max_output_length`` (49) is the number of
+    steps fineline's greedy decoding runs."""
+    from trainables.tasks.scan import Scan, ScanConfig
+
+    data = Scan(ScanConfig(setting=setting)).build(0)
+    every = [*data.splits["train"].data.tgt, *data.splits["test_full"].data.tgt]
+    y, y_len = original_targets(every)
+    rolled = np.roll(y, 1, axis=1)
+    scored = np.arange(y.shape[1]) < y_len[:, None]
+    assert (rolled[:, 0] == 0).all()
+    assert (rolled[:, 1:][scored[:, 1:]] != 0).all()
+    assert y.shape[1] == 49 and (data.meta["decode_len"](np.array([1, 9])) == 49).all()

@@ -347,8 +347,10 @@ class Seq2Seq(Model):
         return other.to(next(self.parameters()).device)
 
     def reference_modules(self, member: int) -> nn.ModuleDict:
-        """Member ``member`` as plain torch modules (``nn.LSTM`` etc.) on the CPU, for export."""
-        mods = build_modules(self.arch, "meta").to_empty(device="cpu")
+        """Member ``member`` as plain torch modules (``nn.LSTM`` etc.) on the CPU, for export,
+        in the model's dtype (a float64 model's weights are not rounded to float32)."""
+        dtype = next(self.parameters()).dtype
+        mods = build_modules(self.arch, "meta").to_empty(device="cpu").to(dtype)
         with torch.no_grad():
             for name, (module, pname, _) in param_layout(mods).items():
                 mods[module].get_parameter(pname).copy_(getattr(self, name)[member])
