@@ -79,15 +79,21 @@ def expected(cfg: Seq2SeqConfig) -> dict[str, tuple[str, float]]:
                 out[f"{module}_bias_hh_l{layer}{sfx}"] = ("zeros", 0.0)
     out["attn_weight"] = ("uniform", math.sqrt(6.0 / (he + hd)))  # memory layer [He, Hd]
     out["combine_weight"] = ("uniform", math.sqrt(6.0 / ((he + hd) + hd)))  # attention layer
-    out["out_weight"] = ("uniform", math.sqrt(6.0 / (hd + N_TGT + 3)))  # + pad, BOS, EOS
+    classes = N_TGT + (1 if cfg.output_classes == "targets" else 3)  # + EOS (+ pad, BOS)
+    out["out_weight"] = ("uniform", math.sqrt(6.0 / (hd + classes)))  # a Dense of that many units
     out["out_bias"] = ("zeros", 0.0)
     return out
 
 
 @pytest.mark.parametrize(
     "cfg",
-    [{}, {"input_feeding": True}, {"bidirectional": False, "layers": 2, "tgt_emb_size": None}],
-    ids=["scan", "scan_input_feeding", "uni_2_layers"],
+    [
+        {},
+        {"input_feeding": True},
+        {"bidirectional": False, "layers": 2, "tgt_emb_size": None},
+        {"output_classes": "targets"},
+    ],
+    ids=["scan", "scan_input_feeding", "uni_2_layers", "scan_target_classes"],
 )
 def test_every_parameter_has_tfs_distribution(cfg: dict[str, Any]) -> None:
     seeds = [11, 12, 13]

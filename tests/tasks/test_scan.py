@@ -210,3 +210,51 @@ def test_render_stops_at_eos():
     walk, left = TGT_VOCAB.index["I_WALK"], TGT_VOCAB.index["I_TURN_LEFT"]
     assert task.render(None, np.array([left, walk, EOS, walk])) == "I_TURN_LEFT I_WALK"  # type: ignore[arg-type]
     assert task.render(None, np.array([walk])).endswith("<no eos>")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("setting", ["A", "B"])
+def test_end_symbol_ends_every_command_with_eos_in_every_split(built_a, setting: str):
+    """``end_symbol`` (Li et al.'s ``x_len = len + 1``): every source of every split, the
+    curve samples included, is the same command followed by ``</s>`` (id 2, EOS); targets,
+    ids, scores and decoding lengths are unchanged, ``max_src_len`` grows by 1."""
+    plain = built_a if setting == "A" else _task(setting="B").build(data_seed=7)
+    ended = _task(setting=setting, end_symbol=True).build(data_seed=7)
+    assert SRC_VOCAB.tokens[EOS] == "</s>" and ended.meta["src_vocab"] == SRC_VOCAB
+    assert set(ended.splits) == set(plain.splits) == {"train", "train_eval", "test", "test_full"}
+    for name, split in ended.splits.items():
+        mine, theirs = split.data, plain.splits[name].data
+        assert len(mine) == len(theirs) > 0 and np.array_equal(mine.ids, theirs.ids), name
+        for s, t in zip(mine.src, theirs.src, strict=True):
+            assert len(s) == len(t) + 1 and s[-1] == EOS and np.array_equal(s[:-1], t)
+            assert EOS not in t  # the plain command has no end token
+        assert all(np.array_equal(a, b) for a, b in zip(mine.tgt, theirs.tgt, strict=True))
+        gold = [np.r_[t, EOS] for t in mine.tgt]
+        assert _task(setting=setting, end_symbol=True).score(split, gold)["exact"].all(), name
+    assert ended.meta["max_src_len"] == plain.meta["max_src_len"] + 1 == 10
+    assert ended.meta["max_src_len"] == max(len(s) for s in ended.splits["train"].data.src)
+    lengths = np.array([len(s) for s in ended.splits["test_full"].data.src])
+    assert np.array_equal(ended.meta["decode_len"](lengths), plain.meta["decode_len"](lengths - 1))
+    assert ended.meta["max_tgt_len"] == plain.meta["max_tgt_len"]
+
+
+def test_end_symbol_in_loaded_published_files(shared_data: Path):
+    loaded = _task(data_dir=str(shared_data / "scan"), end_symbol=True).build(data_seed=1)
+    generated = _task(end_symbol=True).build(data_seed=1)
+    for name in ("train", "test_full"):
+        assert all(s[-1] == EOS for s in loaded.splits[name].data.src)
+        texts = Counter(_texts(loaded.splits[name].data))
+        assert texts == Counter(_texts(generated.splits[name].data))
+        assert all(command.endswith(" </s>") for command, _ in texts)
+
+
+def test_end_symbol_is_an_added_field_that_keeps_old_trial_ids():
+    from trainables.spec import RunSpec
+
+    raw = {
+        "task": {"name": "scan", "setting": "B"},
+        "model": {"name": "seq2seq"},
+        "train": {"selection": {"split": "train_eval", "metric": "exact"}},
+    }
+    before = RunSpec.from_dict(raw).trial_id()
+    assert RunSpec.from_dict({**raw, "task": {**raw["task"], "end_symbol": False}}).trial_id() == before
+    assert RunSpec.from_dict({**raw, "task": {**raw["task"], "end_symbol": True}}).trial_id() != before

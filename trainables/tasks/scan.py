@@ -32,6 +32,10 @@ split: ``train`` and ``test_full`` number their own rows 0..N-1, ``train_eval`` 
 the ``train`` row of each example and ``test`` the ``test_full`` row, so the two can be
 joined.
 
+``end_symbol`` ends every command with the source vocabulary's ``</s>`` (EOS, id 2), as Li
+et al.'s code does (see :class:`ScanConfig`); the targets, the metric and the decoding
+length do not change.
+
 Metric ``exact``: a prediction (an int array of generated target ids, possibly containing
 EOS=2 and anything after it) is correct iff its first EOS sits right after the gold
 action sequence and every token before it matches.
@@ -47,7 +51,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import ValidationInfo, field_validator
 
-from trainables.configbase import FrozenConfig
+from trainables.configbase import FrozenConfig, added_field
 from trainables.data import EOS, SeqPairs, Split, TaskData, Vocab
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
@@ -153,10 +157,12 @@ class FixedDecodeLen:
         return np.full(len(src_lengths), self.steps, dtype=np.int64)
 
 
-def _encode(pairs: Sequence[Pair], ids: np.ndarray) -> SeqPairs:
+def _encode(pairs: Sequence[Pair], ids: np.ndarray, end_symbol: bool = False) -> SeqPairs:
+    """``pairs`` as vocab ids; with ``end_symbol`` every source ends with EOS."""
     src_index, tgt_index = SRC_VOCAB.index, TGT_VOCAB.index
+    end = [EOS] if end_symbol else []
     try:
-        src = [np.array([src_index[w] for w in c.split()], dtype=np.int64) for c, _ in pairs]
+        src = [np.array([src_index[w] for w in c.split()] + end, dtype=np.int64) for c, _ in pairs]
         tgt = [np.array([tgt_index[a] for a in acts], dtype=np.int64) for _, acts in pairs]
     except KeyError as exc:
         raise DataError(
@@ -207,6 +213,15 @@ class ScanConfig(FrozenConfig):
     null keeps all. For quick runs and tests, not for paper results."""
     max_test: int | None = None
     """Keep only this many `test_full` commands (drawn like `max_train`); null keeps all."""
+    end_symbol: bool = added_field(False)
+    """End every command with an end-of-input token, the source vocabulary's ``</s>`` (EOS,
+    id 2; a learned embedding row like any word), in generated and loaded data alike:
+    sources and ``max_src_len`` grow by 1. Li et al.'s code does this (data_generator.py,
+    ``Formarter.padding``: ``x_len = len + 1``, the extra position holding id 0, their
+    padding/EOS id, which has its own embedding row; main.py subtracts the 1 only with
+    ``--remove_x_eos``, which their SCAN scripts do not set), so their BiLSTM reads it
+    last (first in the backward direction) and attention can attend to it. Targets,
+    scoring and decoding lengths do not change."""
 
     @field_validator("jump_repeats", "n_curve", "max_train", "max_test")
     @classmethod
@@ -254,7 +269,7 @@ class Scan(Task):
 
     def _read_files(self) -> None:
         for pairs in self._pairs():
-            _encode(pairs, np.arange(len(pairs)))
+            _encode(pairs, np.arange(len(pairs)), self.config.end_symbol)
 
     def _pairs(self) -> tuple[list[Pair], list[Pair]]:
         """(train, test) pairs, generated or read from ``data_dir``."""
@@ -270,7 +285,7 @@ class Scan(Task):
     def build(self, data_seed: int) -> TaskData:
         train_pairs, test_pairs = self._pairs()
         every = [*train_pairs, *test_pairs]  # lengths from the full splits, even when subsetted
-        max_src = max(len(command.split()) for command, _ in every)
+        max_src = max(len(command.split()) for command, _ in every) + int(self.config.end_symbol)
         max_tgt = max(len(actions) for _, actions in every)
         seeds = [np.random.default_rng(s) for s in np.random.SeedSequence(data_seed).spawn(4)]
         cfg = self.config
@@ -278,8 +293,8 @@ class Scan(Task):
             train_pairs[i] for i in _some_rows(seeds[2], len(train_pairs), cfg.max_train)
         ]
         test_pairs = [test_pairs[i] for i in _some_rows(seeds[3], len(test_pairs), cfg.max_test)]
-        train = _encode(train_pairs, np.arange(len(train_pairs)))
-        test_full = _encode(test_pairs, np.arange(len(test_pairs)))
+        train = _encode(train_pairs, np.arange(len(train_pairs)), cfg.end_symbol)
+        test_full = _encode(test_pairs, np.arange(len(test_pairs)), cfg.end_symbol)
         train_rows = _some_rows(seeds[0], len(train), cfg.n_curve)
         test_rows = _some_rows(seeds[1], len(test_full), cfg.n_curve)
         splits = [

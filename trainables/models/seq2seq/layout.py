@@ -5,7 +5,8 @@
 (``nn.Embedding``), ``encoder``/``decoder`` (``nn.LSTM``, batch-first, gate order i, f,
 g, o), ``attn`` (``nn.Linear(enc_out, dec_hidden, bias=False)``, the bilinear ``W_a``),
 ``combine`` (``nn.Linear(enc_out + dec_hidden, dec_hidden, bias=False)``, ``W_c`` over
-``[context; h_dec]``) and ``out`` (``nn.Linear(dec_hidden, tgt_vocab)``); the target
+``[context; h_dec]``) and ``out`` (``nn.Linear(dec_hidden, Arch.out_classes)``: every target
+id, or with ``Arch.out_offset`` only the ids from it on, see :func:`pad_classes`); the target
 embedding has ``Arch.tgt_emb_size`` and decoder layer 0 ``Arch.dec_input`` inputs (with
 input feeding also h~). Each is stored
 stacked over the K members under the name ``{module}_{param}``, e.g.
@@ -51,6 +52,12 @@ from trainables.models.seq2seq.decode import decode
 IGNORE = -100
 """Target id of token-list padding (``F.cross_entropy``'s ``ignore_index``)."""
 
+EXCLUDED_LOGIT = -1e30
+"""The logit of a target id the output layer leaves out (``Arch.out_offset``): its softmax
+probability is exactly 0 in float32 and float64 (torch's ops; the C kernels clamp ``exp``
+at -87, about 1e-38, below a float32 rounding of any sum that holds a real class), it never
+wins an argmax, and unlike ``-inf`` no product with it makes a NaN."""
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -76,6 +83,15 @@ class Arch:
     attention_tanh: bool = True
     """``h~ = tanh(W_c [context; h_dec])``; False: ``h~ = W_c [context; h_dec]`` (TensorFlow 1's
     ``AttentionWrapper`` attention layer, no activation)."""
+    out_offset: int = 0
+    """The output layer scores the target ids ``out_offset .. tgt_vocab - 1`` only (its class
+    j is id ``out_offset + j``); the ids below get :data:`EXCLUDED_LOGIT` (:func:`pad_classes`).
+    0: every id; ``EOS`` (2): the ids a target can hold, without ``<pad>`` and ``<s>``."""
+
+    @property
+    def out_classes(self) -> int:
+        """Units of the output layer (its softmax's classes)."""
+        return self.tgt_vocab - self.out_offset
 
     @property
     def tgt_emb_size(self) -> int:
@@ -119,8 +135,17 @@ def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleD
         mods["combine"] = nn.Linear(
             arch.enc_out + arch.dec_hidden, arch.dec_hidden, bias=False, **kw
         )
-    mods["out"] = nn.Linear(arch.dec_hidden, arch.tgt_vocab, **kw)
+    mods["out"] = nn.Linear(arch.dec_hidden, arch.out_classes, **kw)
     return nn.ModuleDict(mods)
+
+
+def pad_classes(x: torch.Tensor, offset: int, fill: float = EXCLUDED_LOGIT) -> torch.Tensor:
+    """x (..., out_classes) -> (..., out_classes + offset): ``offset`` columns of ``fill`` in
+    front, so that column i is target id i again (logits, or an output bias; ``fill`` 0 for
+    an output weight). Differentiable; x itself when ``offset`` is 0."""
+    if offset == 0:
+        return x
+    return torch.cat([x.new_full((*x.shape[:-1], offset), fill), x], -1)
 
 
 def param_layout(modules: nn.ModuleDict) -> dict[str, tuple[str, str, torch.Size]]:

@@ -15,7 +15,10 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
   bias in W_a or W_c; ``attention_activation: none`` leaves out the ``tanh``, as TensorFlow
   1's ``AttentionWrapper`` does); attention ``none``: ``h~ = h_dec``;
-* dropout on the source and target embeddings and on h~; ``logits = W_out h~ + b``.
+* dropout on the source and target embeddings and on h~; ``logits = W_out h~ + b``, over
+  every target id, or with ``output_classes: targets`` over EOS and the task's symbols only
+  (``<pad>`` and ``<s>``, never targets, are left out of the softmax, as in Li et al.'s
+  code, whose output layer has EOS plus the 6 SCAN actions).
 * bidirectional encoder: each layer's outputs and final states are the concatenation of
   both directions, and the decoder has ``2 * hidden_size`` units, so it starts from that
   concatenation with no extra projection (SCAN: BiLSTM 32 per direction, decoder 64).
@@ -61,7 +64,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from torch import nn
 
 from trainables.configbase import FrozenConfig, added_field
-from trainables.data import SplitData, TokenRows
+from trainables.data import EOS, SplitData, TokenRows
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 from trainables.models.ckernels import CpuKernels, choice_name, cpu_kernels
@@ -130,6 +133,14 @@ class Seq2SeqConfig(FrozenConfig):
     (its attention layer is ``Dense(attention_layer_size, use_bias=False)``, no activation),
     which Li et al.'s SCAN code uses. Both implementations have both; ``none`` needs
     ``attention: bilinear``."""
+    output_classes: Literal["all", "targets"] = added_field("all")
+    """The output layer's classes (its softmax, the loss, greedy and beam decoding): ``all``:
+    every target vocabulary id; ``targets``: only those a target can hold, EOS and the
+    task's symbols, leaving out ``<pad>`` and ``<s>`` (ids 0 and 1), which otherwise share
+    the softmax's mass and can win an argmax (then decoding emits them). Li et al.'s SCAN
+    code has 7 classes, its EOS/padding id 0 and the 6 actions (``tf.layers.dense(...,
+    self.U)``, s2s_model.py l. 201; ``U = len(act) + 1``, main.py l. 64); under ``init: tf``
+    the output kernel's Glorot bound then uses that fan-out. Both implementations have it."""
     impl: Literal["fast", "reference"] = "fast"
     """``fast``: batched bundle implementation; ``reference``: plain eager ``nn`` modules,
     one seed per model (the baseline the fast path is tested against)."""
@@ -254,6 +265,7 @@ def _arch(cfg: Seq2SeqConfig, meta: dict[str, Any]) -> Arch:
         tgt_emb=cfg.tgt_emb_size or 0,
         input_feeding=cfg.input_feeding,
         attention_tanh=cfg.attention_activation == "tanh",
+        out_offset=EOS if cfg.output_classes == "targets" else 0,
     )
 
 
@@ -348,7 +360,8 @@ class Seq2Seq(Model):
 
     def reference_modules(self, member: int) -> nn.ModuleDict:
         """Member ``member`` as plain torch modules (``nn.LSTM`` etc.) on the CPU, for export,
-        in the model's dtype (a float64 model's weights are not rounded to float32)."""
+        in the model's dtype (a float64 model's weights are not rounded to float32). With
+        ``output_classes: targets`` the ``out`` layer's class j is target id ``EOS + j``."""
         dtype = next(self.parameters()).dtype
         mods = build_modules(self.arch, "meta").to_empty(device="cpu").to(dtype)
         with torch.no_grad():

@@ -39,6 +39,7 @@ from trainables.models.seq2seq.layout import (
     Seq2SeqBatch,
     build_modules,
     dropout_masks,
+    pad_classes,
     param_layout,
     scatter_rows,
 )
@@ -107,6 +108,11 @@ class ReferenceEngine(Engine):
         (``Arch.attention_tanh`` False: TensorFlow 1's ``AttentionWrapper``)."""
         pre = m("combine", torch.cat([ctx, dec], -1))
         return torch.tanh(pre) if self.arch.attention_tanh else pre
+
+    def output(self, m: _Bound, u: torch.Tensor) -> torch.Tensor:
+        """The output layer: h~ (..., Hd) -> logits (..., V) over every target id (ids the
+        layer leaves out, ``Arch.out_offset``, at :data:`~layout.EXCLUDED_LOGIT`)."""
+        return pad_classes(m("out", u), self.arch.out_offset)
 
     def feed_step(
         self,
@@ -192,7 +198,7 @@ class ReferenceEngine(Engine):
             mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.dec_hidden)
             if mask is not None:
                 u = u * scatter_rows(mask, positions, (b, t, a.dec_hidden))
-        return m("out", u)  # (B, T, V)
+        return self.output(m, u)  # (B, T, V)
 
     def token_outputs(
         self,
@@ -251,11 +257,11 @@ class ReferenceStepper:
             self.feed, (self.h, self.c) = self.engine.feed_step(
                 self.m, y, self.feed, (self.h, self.c), self.enc, self.keys, self.src_mask
             )
-            return self.m("out", self.feed).unsqueeze(0)
+            return self.engine.output(self.m, self.feed).unsqueeze(0)
         y = self.m("tgt_emb", prev[0].unsqueeze(1))  # (N, 1, E)
         dec, (self.h, self.c) = self.m("decoder", y, (self.h, self.c))  # (N, 1, Hd)
         u = self.engine._attend(self.m, dec, self.enc, self.src_mask)
-        return self.m("out", u[:, 0]).unsqueeze(0)
+        return self.engine.output(self.m, u[:, 0]).unsqueeze(0)
 
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
         """Greedy step: prev (1, N) -> argmax tokens (1, N)."""

@@ -22,7 +22,7 @@ from trainables.models.seq2seq.cells import (
     lstm_sequence_eval,
     prepare_gates,
 )
-from trainables.models.seq2seq.layout import Arch
+from trainables.models.seq2seq.layout import Arch, pad_classes
 
 
 @dataclass
@@ -45,8 +45,8 @@ class Weights:
     attn_t: torch.Tensor | None  # (K, He, Hd)
     comb_ctx_t: torch.Tensor | None  # (K, He, Hd)
     comb_h_t: torch.Tensor | None  # (K, Hd, Hd)
-    out_t: torch.Tensor  # (K, Hd, V)
-    out_b: torch.Tensor  # (K, 1, V)
+    out_t: torch.Tensor  # (K, Hd, V): every target id (zero columns for ids left out)
+    out_b: torch.Tensor  # (K, 1, V): EXCLUDED_LOGIT for ids left out (Arch.out_offset)
     evaluation: bool = False
     """Evaluation form: every tanh is computed as ``2 sigmoid(2x) - 1``, so the LSTM g
     blocks and the combine layer are stored doubled (exact), and layer 0's input
@@ -132,8 +132,8 @@ def build_weights(
         attn_t=attn_t,
         comb_ctx_t=comb_ctx_t,
         comb_h_t=comb_h_t,
-        out_t=p["out_weight"].transpose(1, 2),
-        out_b=p["out_bias"].unsqueeze(1),
+        out_t=pad_classes(p["out_weight"].transpose(1, 2), arch.out_offset, 0.0),
+        out_b=pad_classes(p["out_bias"].unsqueeze(1), arch.out_offset),
         evaluation=ev,
         src_table=[token_table(p["src_emb_weight"], cell) for cell in encoder[0]] if ev else None,
         tgt_table=token_table(p["tgt_emb_weight"], decoder[0]) if ev else None,
