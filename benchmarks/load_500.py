@@ -136,7 +136,7 @@ class TreeCpu:
                 with p.oneshot():
                     t, key = p.cpu_times(), (p.pid, p.create_time())
                     zombie = p.status() == self.psutil.STATUS_ZOMBIE
-                    if not zombie:
+                    if not zombie and self.kinds.get(key) != "trial actors":
                         self.kinds[key] = self.kind(p)
                 self.seen[key] = max(self.seen.get(key, 0.0), t.user + t.system)
                 if p.pid == self.root.pid:
@@ -150,11 +150,17 @@ class TreeCpu:
         return found
 
     def kind(self, p: Any) -> str:
-        """``study run``, ``ray workers`` (trial actors and idle workers), ``raylet``,
-        ``gcs_server``, or the name of one of Ray's agents and monitors."""
+        """``study run``, ``trial actors`` (a Ray worker that ever held a trainable),
+        ``ray workers`` (the others), ``raylet``, ``gcs_server``, the name of one of Ray's
+        agents and monitors, or of a program they run."""
         if p.pid == self.root.pid:
             return "study run"
         cmd = p.cmdline() or [p.name()]
+        if "Trainable" in cmd[0]:  # a worker's title, e.g. ray::ResourceTrainable.train
+            parent = p.parent()  # a child it forks has its title until it execs
+            if parent is not None and "Trainable" in (parent.cmdline() or [""])[0]:
+                return "children of trial actors"
+            return "trial actors"
         if cmd[0].startswith("ray::") and not cmd[0].endswith("Agent"):
             return "ray workers"
         if any(c.endswith("default_worker.py") or c.endswith("setup_worker.py") for c in cmd):
@@ -339,6 +345,7 @@ def cpu_figures(
         "core_s_per_trial_during_trials": (until - before - own) / trials,
         "cpu_samples": len(tree.samples),
         "processes": len(tree.seen),
+        "trial_actors": sum(1 for kind in tree.kinds.values() if kind == "trial actors"),
         "cpu_by_process": {k: round(v, 2) for k, v in tree.by_kind().items()},
         "stragglers": tree.stragglers,
     }
@@ -398,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"({figures['own_cpu_per_trial_ms']:.0f} ms per trial, without Ray)"
             )
             print(
-                "CPU by process: "
+                f"CPU by process ({figures['trial_actors']} trial actors started): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in figures["cpu_by_process"].items())
             )
             print(

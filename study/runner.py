@@ -347,7 +347,9 @@ def _run_locked(
                 f"committed, {len(payloads)} trial(s) of {planned - already} seeds to run",
                 soft_wrap=True, highlight=False,
             )
-            failed_units = launch(payloads, cfg, out, name, already, planned)
+            # A local Ray has no autoscaler that pending trials would grow: one trial per slot.
+            slots = None if address else concurrent_trials(resources, cfg)
+            failed_units = launch(payloads, cfg, out, name, already, planned, slots)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
@@ -373,11 +375,60 @@ def _run_locked(
     return counts
 
 
+def concurrent_trials(resources: dict[str, float], cfg: StudyConfig) -> int:
+    """How many trials ``resources`` (Ray's) run at once: CPUs, and GPUs where trials ask for them."""
+    ex = cfg.execution
+    slots = int(resources.get("CPU", 0) // ex.cpus_per_trial)
+    if ex.gpus_per_trial > 0:
+        slots = min(slots, int(resources.get("GPU", 0) // ex.gpus_per_trial))
+    return max(1, slots)
+
+
+def newest_first() -> Any:
+    """A FIFO Tune scheduler that starts the newest pending trial first (see :func:`launch`)."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import FIFOScheduler
+
+    class NewestFirst(FIFOScheduler):
+        """FIFO, but the trial Tune starts next (on a reused actor, when one is free) is the
+        newest pending one, so an older trial waiting for its starting actor keeps it."""
+
+        def choose_trial_to_run(self, tune_controller: Any) -> Any:
+            trials = list(reversed(tune_controller.get_trials()))
+            return next((t for t in trials if t.status == Trial.PENDING), None) or next(
+                (t for t in trials if t.status == Trial.PAUSED), None
+            )
+
+    return NewestFirst()
+
+
 def launch(
-    payloads: list[dict[str, Any]], cfg: StudyConfig, out: Path, name: str, already: int, planned: int
+    payloads: list[dict[str, Any]],
+    cfg: StudyConfig,
+    out: Path,
+    name: str,
+    already: int,
+    planned: int,
+    slots: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run the units as Ray Tune trials with reused actors; returns the payloads of those that
-    failed after their retries (what is committed is read from Parquet, not from Tune)."""
+    failed after their retries (what is committed is read from Parquet, not from Tune).
+
+    ``slots``: how many trials run at once (a local Ray's CPUs per trial); then Tune holds
+    only that many trials at a time and starts the newest first (:func:`newest_first`).
+    Otherwise a unit shorter than an actor's start (importing Ray, torch and the plugins:
+    4-5 core-s) makes Tune start actors it never uses: a finished trial's actor is reused
+    by the oldest pending trial, which is the one waiting for a starting actor; that actor
+    is then stopped once started and the next trial's actor starts in its place. 100 tiny
+    units took 5 actor starts on 2 CPUs, and one actor ran nearly all of them, one at a
+    time (``benchmarks/load_500.py``, docs/performance.md). A cluster (``--address``) keeps Tune's defaults: its
+    pending trials are what make an autoscaler add nodes.
+
+    A unit checkpoints after each result but its last (``should_checkpoint`` in its result;
+    Tune's default for a class trainable also checkpoints the last): a finished unit has
+    committed, so a retry has nothing to resume. A unit of one step then never checkpoints,
+    nor makes Tune save the whole experiment state (Tune forces that save after every
+    ``num_to_keep`` checkpoints of a trial, and it grows with the number of trials)."""
     from ray import tune
 
     from study.progress import ProgressCallback
@@ -409,14 +460,21 @@ def launch(
     tuner = tune.Tuner(
         trainable,
         param_space={"unit_index": tune.grid_search(list(range(len(payloads))))},
-        tune_config=tune.TuneConfig(reuse_actors=True, num_samples=1),
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            num_samples=1,
+            max_concurrent_trials=slots,
+            scheduler=newest_first() if slots else None,
+        ),
         run_config=tune.RunConfig(
             name=f"run-{int(time.time())}",
             storage_path=str(storage),
             verbose=0,
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=ex.max_failures),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+            checkpoint_config=tune.CheckpointConfig(
+                checkpoint_frequency=0, checkpoint_at_end=False, num_to_keep=1
+            ),
         ),
     )
     results = fit(tuner, progress)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from ray import tune
+from ray.tune.result import SHOULD_CHECKPOINT
 
 from trainables.data import TaskData
 from trainables.errors import ConfigError, DataError
@@ -209,6 +210,9 @@ class FinelineTrainable(tune.Trainable):
                 result.update(final)
             result["committed_seeds"] = self._committed_seeds()
             result["done"] = True
+        # A checkpoint after each result but the last: a finished unit has committed, so a
+        # retry has nothing to resume (seed studies checkpoint on this alone, study.runner).
+        result[SHOULD_CHECKPOINT] = not self.run.done
         return result
 
     def _selection(self) -> dict[str, Any]:

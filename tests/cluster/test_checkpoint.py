@@ -93,3 +93,25 @@ def test_node_without_the_results_folder_fails_clearly(
     assert "Fix:" in message and "same path on every node" in message
     assert t.run.epoch == 0, "nothing may train before the folder is checked"
     assert not out.exists(), "the check must not create the folder locally"
+
+
+def test_a_unit_asks_for_a_checkpoint_after_each_result_but_its_last(
+    tmp_path: Path, trainables: list[Any]
+) -> None:
+    """Seed studies checkpoint only where a result asks (``study.runner.launch``): a
+    finished unit has committed its seeds, so a retry has nothing to resume from it."""
+    out = tmp_path / "results"
+    (out / "ask").mkdir(parents=True)
+    unit = payload(out, "ask")
+    unit["spec"]["train"]["max_epochs"] = 3
+    t = make(trainables, unit)  # one epoch per result
+    results = [t.train()]
+    while not results[-1].get("done"):
+        results.append(t.train())
+    assert [r["epoch"] for r in results] == [1, 2, 3]
+    assert [r["should_checkpoint"] for r in results] == [True, True, False]
+    assert len(stems_of(out, "ask")) == 2, "both seeds committed with the last result"
+
+
+def stems_of(out: Path, study: str) -> list[str]:
+    return sorted(p.stem for p in (out / "tables" / "runs" / f"study={study}").glob("*.parquet"))
