@@ -64,7 +64,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
-from scipy import stats
 
 from trainables.configbase import FrozenConfig
 from trainables.data import Arrays, Role, Split, TaskData
@@ -172,6 +171,8 @@ def auc_shares(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     n_neg = n - n_pos
     if n_pos == 0 or n_neg == 0:
         return np.full(n, np.nan)
+    from scipy import stats  # here, not at import: every Ray worker imports the task registry
+
     out = np.zeros(n)
     # negatives a positive outranks (+ half its ties): its rank among all minus among positives
     below = stats.rankdata(s)[y] - stats.rankdata(s[y])
