@@ -231,11 +231,13 @@ def kaplan_meier(times: Any, observed: Any, *, level: float = 0.95) -> pd.DataFr
     events come first): runs at risk just before, events, censorings, the survival
     ``S(t)`` = P(no event by t) and its pointwise ``level`` band (log-log, i.e. exponential
     Greenwood; :meth:`scipy.stats.ecdf`'s ``confidence_interval``). Where the log-log band
-    is undefined it is completed: ``[1, 1]`` before the first event; where ``S`` reaches 0
-    (all n_j runs at risk had the event) lower 0 and upper the exact (Clopper-Pearson)
-    bound of 0 survivors among the effective number of runs ``n_j / S(t-)`` (Dorey & Korn
-    1987; without censoring, all the runs): ``1 - ((1 - level) / 2) ** (S(t-) / n_j)``.
-    Empty input: no rows.
+    is undefined it is completed by exact (Clopper-Pearson) bounds: before the first event
+    (``S = 1``, no event among the n_j runs followed to t) upper 1 and lower
+    ``((1 - level) / 2) ** (1 / n_j)``, so 20 runs censored at the budget without the event
+    say "at most 17% would reach it", not "none would"; where ``S`` reaches 0 (all n_j runs
+    at risk had the event) lower 0 and upper the bound of 0 survivors among the effective
+    number of runs ``n_j / S(t-)`` (Dorey & Korn 1987; without censoring, all the runs):
+    ``1 - ((1 - level) / 2) ** (S(t-) / n_j)``. Empty input: no rows.
     """
     t = np.asarray(times, dtype=float).ravel()
     e = np.asarray(observed, dtype=bool).ravel()
@@ -246,16 +248,16 @@ def kaplan_meier(times: Any, observed: Any, *, level: float = 0.95) -> pd.DataFr
     events = np.array([((t == x) & e).sum() for x in grid])
     censored = np.array([((t == x) & ~e).sum() for x in grid])
     surv = np.ones(grid.size)
-    low, high = np.ones(grid.size), np.ones(grid.size)
+    low, high = ((1 - level) / 2) ** (1 / at_risk), np.ones(grid.size)  # no event yet
     if e.any():
         res = sps.ecdf(sps.CensoredData(uncensored=t[e], right=t[~e]))
         surv = res.sf.evaluate(grid)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "undefined at some observations": handled below
             band = res.sf.confidence_interval(level, method="log-log")
-        low, high = band.low.evaluate(grid), band.high.evaluate(grid)
-        low = np.where(np.isnan(low) & (surv >= 1), 1.0, low)
-        high = np.where(np.isnan(high) & (surv >= 1), 1.0, high)
+        none_yet = surv >= 1
+        low = np.where(none_yet, low, band.low.evaluate(grid))
+        high = np.where(none_yet, 1.0, band.high.evaluate(grid))
         low = np.where(np.isnan(low), 0.0, low)
         for i in np.flatnonzero(np.isnan(high)):  # S = 0: every run at risk had the event
             before = high[i - 1] if i > 0 else 1.0

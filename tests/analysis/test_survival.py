@@ -88,11 +88,20 @@ def test_kaplan_meier_without_censoring_is_one_minus_the_ecdf() -> None:
     assert sv.median_time(km) == (3.0, 2.0, 3.0)
 
 
-def test_all_censored_has_no_median_and_reaches_nothing() -> None:
+def test_all_censored_has_no_median_and_reaches_nothing_within_an_exact_bound() -> None:
     km = sv.kaplan_meier([3, 5], [False, False])
-    assert km["survival"].tolist() == [1.0, 1.0] and km["low"].tolist() == [1.0, 1.0]
-    assert sv.median_time(km) == (None, None, None)
-    assert sv.reached_by(km, 5) == (0.0, 0.0, 0.0)
+    assert km["survival"].tolist() == [1.0, 1.0] and km["high"].tolist() == [1.0, 1.0]
+    # no event among 2 runs followed to 3, among 1 followed to 5: S >= 0.025 ** (1 / n)
+    assert km["low"].tolist() == pytest.approx([0.025**0.5, 0.025])
+    assert sv.median_time(km)[0] is None and sv.median_time(km)[2] is None
+    # 20 runs censored at the budget without the event (L^MS-7 at width 100): 0 of 20
+    # reached it, at most 16.8% would (Clopper-Pearson), not [0, 0]
+    r, lo, hi = sv.reached_by(sv.kaplan_meier([40000] * 20, [False] * 20), 40000)
+    exact = sps.binomtest(0, 20).proportion_ci(method="exact")
+    assert (r, lo) == (0.0, 0.0) and hi == pytest.approx(exact.high)
+    # before the first event of a curve with events the same bound holds
+    km = sv.kaplan_meier([1, 4, 4, 4], [False, True, True, True])
+    assert km["low"].iloc[0] == pytest.approx(0.025**0.25) and km["high"].iloc[0] == 1.0
 
 
 def test_cumulative_incidence_by_hand() -> None:
