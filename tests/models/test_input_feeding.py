@@ -159,14 +159,15 @@ class Plain:
             logits.append(z)
         return torch.stack(logits)
 
-    def greedy(self, src: np.ndarray, steps: int) -> list[int]:
+    def greedy(self, src: np.ndarray, steps: int, offset: int = 0) -> list[int]:
+        """Greedy decoding; class c is target id c + ``offset`` (output_classes: targets)."""
         with torch.no_grad():
             enc, state = self.encode(src, 0)
             feed = torch.zeros(self.mods["combine"].out_features, dtype=torch.float64)
             prev, out = BOS, []
             for t in range(steps):
                 z, feed, state = self.step(enc, state, prev, feed, None, t)
-                prev = int(z.argmax())
+                prev = int(z.argmax()) + offset
                 out.append(prev)
         return out
 

@@ -105,15 +105,7 @@ def test_reference_equals_a_plain_model_whose_softmax_has_only_the_target_classe
 
 def plain_greedy(plain: Plain, src: np.ndarray, steps: int) -> list[int]:
     """Greedy decoding with the plain model over its own classes (class c = id c + 2)."""
-    with torch.no_grad():
-        enc, state = plain.encode(src, 0)
-        feed = torch.zeros(plain.mods["combine"].out_features, dtype=torch.float64)
-        prev, out = BOS, []
-        for t in range(steps):
-            z, feed, state = plain.step(enc, state, prev, feed, None, t)
-            prev = int(z.argmax()) + EOS
-            out.append(prev)
-    return out
+    return plain.greedy(src, steps, offset=EOS)
 
 
 def test_teacher_forced_metrics_and_greedy_decoding_equal_the_plain_model() -> None:
