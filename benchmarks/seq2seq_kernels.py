@@ -17,6 +17,7 @@ torch.compile variant: see ``trainables/models/seq2seq/cells.py`` for what it wa
 to do.
 
     python -m benchmarks.seq2seq_kernels [--steps 60] [--repeats 3] [--threads 1]
+    python -m benchmarks.seq2seq_kernels --input-feeding   # the same with input feeding
 
 (from the repository root). The machine should be otherwise idle: the "cpu" columns
 (rates per second of this thread's CPU time) are steadier than wall clock under load,
@@ -60,8 +61,8 @@ def meta() -> dict[str, object]:
     }
 
 
-def build(k: int, impl: str) -> Seq2Seq:
-    cfg = Seq2SeqConfig(impl=impl)  # type: ignore[arg-type]
+def build(k: int, impl: str, feeding: bool = False) -> Seq2Seq:
+    cfg = Seq2SeqConfig(impl=impl, input_feeding=feeding)  # type: ignore[arg-type]
     model = Seq2Seq(cfg, meta(), k)
     for i in range(k):
         model.init_member(i, torch_generator(1000 + i))
@@ -71,9 +72,11 @@ def build(k: int, impl: str) -> Seq2Seq:
 class TrainCase:
     """One model trained with the trainer's generic step on its own random batches."""
 
-    def __init__(self, k: int, impl: str, data: SeqPairs, kernels: str = "fused") -> None:
+    def __init__(
+        self, k: int, impl: str, data: SeqPairs, kernels: str = "fused", feeding: bool = False
+    ) -> None:
         self.k, self.impl, self.data, self.kernels = k, impl, data, kernels
-        self.model = build(k, impl)
+        self.model = build(k, impl, feeding)
         self.rngs = [np.random.default_rng(i) for i in range(k)]
         self.noise = MemberNoise([7 + i for i in range(k)])
         self.params = list(self.model.parameters())
@@ -125,13 +128,13 @@ def train_rates(
 
 
 def decode_seconds(
-    k: int, impl: str, chunk: int | None = None, kernels: str = "fused"
+    k: int, impl: str, chunk: int | None = None, kernels: str = "fused", feeding: bool = False
 ) -> tuple[float, float]:
     """(wall, CPU) seconds to evaluate 17k examples sorted by length (teacher-forced losses
     and greedy decoding, as the trainer does), ``chunk`` examples per batch (default: what
     the trainer uses, 1,024 capped at the model's ``eval_rows // k``)."""
     use_kernels(kernels)
-    model = build(k, impl)
+    model = build(k, impl, feeding)
     if chunk is None:
         chunk = min(1024, max(1, (model.eval_rows or 1024 * k) // k))
     parts = [
@@ -165,19 +168,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6, help="turns per case (best kept)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    parser.add_argument(
+        "--input-feeding", action="store_true",
+        help="the paper config with input feeding: reference K=1 against the fast path's "
+        "bundled feeding (trainables/models/seq2seq/feeding.py) at K=1, 4, 8",
+    )
     args = parser.parse_args()
     configure_worker(args.threads)
     data = symbol_rewriting_like(20_000, (5, 10), seed=1)
-    cases = [
-        TrainCase(k, impl, data, kern)
-        for impl, k, kern in [
-            ("reference", 1, "fused"), ("fast", 1, "fused"), ("fast", 8, "torch_ops"),
-            ("fast", 8, "fused"), ("fast", 16, "fused"),
-        ]
+    feeding = args.input_feeding
+    plan = [
+        ("reference", 1, "fused"), ("fast", 1, "fused"), ("fast", 8, "torch_ops"),
+        ("fast", 8, "fused"), ("fast", 16, "fused"),
     ]
-    print(
-        f"torch {torch.__version__}, {args.threads} thread(s), batch {BATCH}/member, paper config"
-    )
+    if feeding:
+        plan = [("reference", 1, "fused"), ("fast", 1, "fused"), ("fast", 4, "fused"), ("fast", 8, "fused")]
+    cases = [TrainCase(k, impl, data, kern, feeding) for impl, k, kern in plan]
+    shown_cfg = "paper config" + (" with input feeding" if feeding else "")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), batch {BATCH}/member, {shown_cfg}")
     print(
         "training, seed-samples/s (K x 64 per step); 'cpu' = per second of this thread's CPU time"
     )
@@ -192,11 +200,14 @@ def main() -> None:
         print(
             "\nevaluation (example losses + greedy decoding) of 17k examples (6 splits), per member:"
         )
-        for impl, k, chunk, kern in [
+        decode_plan = [
             ("reference", 1, None, "fused"), ("fast", 1, None, "fused"), ("fast", 8, 1024, "fused"),
             ("fast", 8, None, "torch_ops"), ("fast", 8, None, "fused"),
-        ]:
-            wall, cpu = decode_seconds(k, impl, chunk, kern)
+        ]
+        if feeding:
+            decode_plan = [("reference", 1, None, "fused"), ("fast", 1, None, "fused"), ("fast", 8, None, "fused")]
+        for impl, k, chunk, kern in decode_plan:
+            wall, cpu = decode_seconds(k, impl, chunk, kern, feeding)
             rows = chunk or min(1024, (Seq2Seq.eval_rows or 1024 * k) // k)
             shown = kern if impl == "fast" else "-"
             print(f"{impl:<10}{shown:<10}{k:>4}  {rows:>5} examples/batch  wall {wall / k:5.2f} s  cpu {cpu / k:5.2f} s")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = re.compile(r"speedup = .*?([0-9]+\.[0-9]+)x$")
 
@@ -24,6 +26,7 @@ def _run(*args: str, tmp: Path | None = None) -> list[str]:
     return [line for line in res.stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # ~20 s: a benchmark; the direct-mode smoke test stays in the default run
 def test_seed_study_benchmark_prints_both_runs_and_the_speedup_last() -> None:
     lines = _run("benchmarks/seed_study.py", "--tiny", "--seeds", "2", "--cpus", "2")
     assert lines[-3].startswith("(a) baseline") and lines[-2].startswith("(b) fastest")
@@ -40,12 +43,14 @@ def test_seed_study_direct_mode_trains_one_bundle_without_ray(tmp_path: Path) ->
     assert len(summary) == 2 and all(row[1] == "3" for row in summary)  # seeds column
 
 
+@pytest.mark.slow  # ~20 s: a benchmark
 def test_dyck_benchmark_prints_the_speedup_last() -> None:
     lines = _run("benchmarks/dyck_study.py", "--seeds", "2", "--train", "20", "--epochs", "1", "--cpus", "2")
     match = RATIO.search(lines[-1])
     assert match and float(match.group(1)) > 0
 
 
+@pytest.mark.slow  # ~40 s: a benchmark
 def test_tune_benchmark_prints_both_ratios_the_dyck_one_last() -> None:
     lines = _run("benchmarks/tune_study.py", "--tiny", "--cpus", "2")
     assert lines[-2].startswith("symbol_rewriting: speedup") and lines[-1].startswith("dyck1: speedup")

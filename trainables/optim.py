@@ -185,7 +185,10 @@ def clip_grad_norms_(grads: Sequence[Tensor], hp: MemberHparams) -> None:
     if all(c is None for c in clip) or not grads:
         return
     k = len(clip)
-    sq = torch.stack([g.reshape(k, -1).pow(2).sum(1) for g in grads]).sum(0)  # (K,)
+    # each member's squares summed over its own contiguous row, as in its lone run: a sum over
+    # dim 0 of a (P, K) stack is a strided reduction whose rounding depends on K, and that
+    # 1e-7 let a bundle member drift from its lone run (3e-5 in 200 steps with input feeding)
+    sq = torch.stack([g.reshape(k, -1).pow(2).sum(1) for g in grads], 1).sum(1)  # (K,)
     if "clip_norm" in hp.shared:
         assert clip[0] is not None
         coef = (clip[0] / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # (K,)

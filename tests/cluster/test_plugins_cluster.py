@@ -124,6 +124,7 @@ def test_a_local_plugin_module_is_shipped_to_every_worker(cluster: Cluster, tmp_
     assert {r["node"] for r in runs} == {cluster.head.node_id, cluster.workers[0].node_id}, "both nodes trained"
 
 
+@pytest.mark.slow  # ~10 s: the negative twin of the shipping test
 def test_without_shipping_the_local_plugin_fails_on_the_workers(cluster: Cluster, tmp_path: Path) -> None:
     """The control for the test above: the module is truly out of the workers' reach."""
     path, cwd = local_study(tmp_path, ship=False)

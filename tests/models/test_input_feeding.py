@@ -74,12 +74,18 @@ def pairs(n: int, seed: int) -> SeqPairs:
     return SeqPairs(src=src, tgt=tgt, ids=np.arange(n))
 
 
-def feeding_model(seed: int = 3, **cfg: Any) -> Seq2Seq:
+def feeding_model(seed: int = 3, k: int = 1, **cfg: Any) -> Seq2Seq:
+    """A float64 input-feeding model of ``k`` members (seeds ``seed``, ``seed + 1``, ...), on
+    the reference implementation unless ``impl`` is given."""
     config = Seq2SeqConfig(
-        **{"emb_size": 6, "hidden_size": 5, "init_range": 0.6, "input_feeding": True, **cfg}
+        **{
+            "emb_size": 6, "hidden_size": 5, "init_range": 0.6, "input_feeding": True,
+            "impl": "reference", **cfg,
+        }
     )
-    m = Seq2Seq(config, make_meta(), 1)
-    m.init_member(0, torch_generator(seed))
+    m = Seq2Seq(config, make_meta(), k)
+    for member in range(k):
+        m.init_member(member, torch_generator(seed + member))
     return m.double()
 
 
@@ -239,7 +245,8 @@ def test_beam_search_is_exact_when_the_beam_holds_every_prefix() -> None:
     meta = make_meta(n_tgt=3, steps=lambda lengths: np.full(len(lengths), 3))
     v = len(meta["tgt_vocab"])
     cfg = Seq2SeqConfig(
-        emb_size=6, hidden_size=5, init_range=1.0, input_feeding=True, beam_width=v * v
+        emb_size=6, hidden_size=5, init_range=1.0, input_feeding=True, beam_width=v * v,
+        impl="reference",
     )
     m = Seq2Seq(cfg, meta, 1)
     m.init_member(0, torch_generator(3))
@@ -271,29 +278,21 @@ def test_beam_search_is_exact_when_the_beam_holds_every_prefix() -> None:
 # --- config, identity, bundles ----------------------------------------------------------------
 
 
-def test_input_feeding_picks_the_reference_and_refuses_what_cannot_feed() -> None:
-    assert Seq2SeqConfig(input_feeding=True).impl == "reference"
+def test_input_feeding_is_a_config_choice_on_both_implementations() -> None:
+    assert Seq2SeqConfig(input_feeding=True).impl == "fast"
     assert Seq2SeqConfig(input_feeding=True, impl="reference").impl == "reference"
-    assert Seq2SeqConfig(input_feeding=False).impl == "fast"
     assert Seq2SeqConfig().input_feeding is False
-    with pytest.raises(ValidationError, match="impl: reference"):
-        Seq2SeqConfig(input_feeding=True, impl="fast")
     with pytest.raises(ValidationError, match="attention: bilinear"):
         Seq2SeqConfig(input_feeding=True, attention="none")
-    m = feeding_model()
     with pytest.raises(ConfigError) as info:
-        m.to_impl("fast", 0)  # a copy that skips validation is still refused
-    assert info.value.field == "model.input_feeding"
-    with pytest.raises(ConfigError) as info:
-        Seq2Seq(Seq2SeqConfig(input_feeding=True), make_meta(), 2)
+        Seq2Seq(Seq2SeqConfig(input_feeding=True, impl="reference"), make_meta(), 2)
     assert info.value.field == "model.impl"
     # the decoder's layer 0 reads [emb; h~]
-    assert m.decoder_weight_ih_l0.shape == (1, 4 * 5, 6 + 5)
+    for impl in ("fast", "reference"):
+        assert feeding_model(impl=impl).decoder_weight_ih_l0.shape == (1, 4 * 5, 6 + 5)
 
 
-def test_study_files_keep_their_ids_and_a_feeding_study_trains_one_seed_per_bundle(
-    tmp_path: Path,
-) -> None:
+def test_study_files_keep_their_ids_and_a_feeding_study_trains_bundles(tmp_path: Path) -> None:
     plain = parse(TINY_STUDY)
     stated = parse(
         {**TINY_STUDY, "model": {**TINY_STUDY["model"], "input_feeding": False, "init": "uniform"}}
@@ -302,14 +301,71 @@ def test_study_files_keep_their_ids_and_a_feeding_study_trains_one_seed_per_bund
     model = {**TINY_STUDY["model"], "input_feeding": True}
     fed = parse({**TINY_STUDY, "model": model, "execution": {"bundle_size": "auto"}})
     assert fed.points[0].trial_id != plain.points[0].trial_id
-    assert fed.points[0].spec.model.impl == "reference"
-    units, planned, _ = plan_units(fed, tmp_path, "tiny", "cpu", 2)
-    assert planned == 3 and len(units) == 3 and all(len(u.seeds) == 1 for u in units)
+    assert fed.points[0].spec.model.impl == "fast"
+    units, planned, _ = plan_units(fed, tmp_path, "tiny", "cpu", 1)
+    assert planned == 3 and len(units) == 1 and len(units[0].seeds) == 3
+    ref = {**model, "impl": "reference"}
     with pytest.raises(ConfigError) as info:
-        check_bundles(parse({**TINY_STUDY, "model": model, "execution": {"bundle_size": 2}}))
+        check_bundles(parse({**TINY_STUDY, "model": ref, "execution": {"bundle_size": 2}}))
     assert info.value.field == "execution.bundle_size"
-    with pytest.raises(ConfigError, match="input_feeding"):
-        parse({**TINY_STUDY, "model": {**model, "impl": "fast"}})
+
+
+# --- the fast path's input feeding (bundled) against the reference -------------------------
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("reduction", ["sum", "sum_per_sequence"])
+def test_a_fast_bundle_member_feeds_as_the_reference_does(variant: str, reduction: str) -> None:
+    """Member 1 of a fast K=2 bundle (its own rows and dropout stream, member 0 with others)
+    against the reference run of its weights, float64: losses, every gradient, evaluation's
+    teacher-forced losses and hits, greedy outputs."""
+    cfg = {**VARIANTS[variant], "dropout": 0.2}
+    fast = feeding_model(seed=11, k=2, impl="fast", **cfg)
+    ref = fast.to_reference(1).double()
+    assert isinstance(ref.engine, ReferenceEngine) and ref.cfg.input_feeding
+    data = pairs(20, seed=8)
+    rows = fast.train_layout(data, [np.arange(3, 12), np.arange(9)])
+    assert len({len(data.src[i]) for i in rows[1]}) > 2  # a padded batch
+    cpu = torch.device("cpu")
+    lf = fast.loss(fast.make_batch(data, rows, cpu), MemberNoise([41, 42]), reduction)
+    lf.sum().backward()
+    lr = ref.loss(ref.make_batch(data, rows[1:], cpu), MemberNoise([42]), reduction)
+    lr.sum().backward()
+    assert torch.allclose(lf[1], lr[0], rtol=1e-12, atol=0)
+    for (name, pf), (_, pr) in zip(fast.named_parameters(), ref.named_parameters(), strict=True):
+        assert pf.grad is not None and pr.grad is not None
+        assert torch.allclose(pf.grad[1], pr.grad[0], rtol=1e-10, atol=1e-13), name
+    assert float(fast.decoder_weight_ih_l0.grad[1, :, -1].abs().max()) > 1e-6  # h~ really fed
+    # dropout is really on: the same rows without it give another loss
+    assert not torch.allclose(lf[1], fast.loss(fast.make_batch(data, rows, cpu), None, reduction)[1])
+
+    order = np.argsort([len(s) for s in data.src], kind="stable")
+    batch = fast.make_batch(data, [order, order], cpu)
+    metrics, preds = fast.evaluate_batch(batch)
+    ref_metrics, ref_preds = ref.evaluate_batch(ref.make_batch(data, [order], cpu))
+    assert len({tuple(p) for p in ref_preds[0]}) > 3  # predictions really vary
+    for name, value in ref_metrics.items():
+        assert torch.allclose(metrics[name][1], value[0], rtol=1e-10, atol=1e-12), name
+    assert all(np.array_equal(a, b) for a, b in zip(preds[1], ref_preds[0], strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(preds[0], preds[1], strict=True))
+
+
+def test_a_fast_bundle_searches_the_beam_as_the_reference_does() -> None:
+    """Beam search with input feeding: the fed-back h~ follows each hypothesis when the
+    fast stepper reorders, as in the reference (exhaustively checked above)."""
+    meta = make_meta(n_tgt=3, steps=lambda lengths: np.full(len(lengths), 4))
+    cfg = Seq2SeqConfig(emb_size=6, hidden_size=5, init_range=1.0, input_feeding=True, beam_width=3)
+    fast = Seq2Seq(cfg, meta, 2)
+    for member, seed in enumerate([3, 4]):
+        fast.init_member(member, torch_generator(seed))
+    fast = fast.double()
+    data = pairs(6, seed=6)
+    rows = [np.arange(6)] * 2
+    beams = fast.predict(fast.make_batch(data, rows, torch.device("cpu")))
+    for member in range(2):
+        ref = fast.to_reference(member).double()
+        ref_beam = ref.predict(ref.make_batch(data, rows[:1], torch.device("cpu")))[0]
+        assert all(np.array_equal(a, b) for a, b in zip(beams[member], ref_beam, strict=True))
 
 
 # --- Li et al.'s TensorFlow 1 model: the attention layer without tanh, the loss sum / batch ---
@@ -431,13 +487,13 @@ def test_attention_activation_keeps_ids_and_needs_attention() -> None:
 
 def test_the_li2021_scan_study_follows_the_original_code(tmp_path: Path) -> None:
     """configs/li2021_scan.yaml states what s2s_model.py computes, validates, and trains its
-    (reference, input-feeding) model one seed per bundle."""
+    input-feeding model in bundles of seeds on the fast path."""
     study = parse(yaml.safe_load((CONFIGS / "li2021_scan.yaml").read_text()))
     assert len(study.points) == 2
     for point in study.points:
         model, train = point.spec.model, point.spec.train
         assert isinstance(model, Seq2SeqConfig)
-        assert (model.input_feeding, model.impl, model.attention_activation) == (True, "reference", "none")
+        assert (model.input_feeding, model.impl, model.attention_activation) == (True, "fast", "none")
         assert (model.bidirectional, model.attention, model.init, model.tgt_emb_size) == (
             True, "bilinear", "tf", 8,
         )
@@ -445,7 +501,7 @@ def test_the_li2021_scan_study_follows_the_original_code(tmp_path: Path) -> None
         assert train.data_order == "with_replacement"  # np.random.choice per step
     check_bundles(study)
     units, planned, _ = plan_units(study, tmp_path, "li2021_scan", "cpu", 2)
-    assert planned == 10 and len(units) == 10 and all(len(u.seeds) == 1 for u in units)
+    assert planned == 10 and len(units) < 10 and all(len(u.seeds) > 1 for u in units)
 
 
 # --- Li et al.'s decoder input (the rolled target) and its decoding length ------------------

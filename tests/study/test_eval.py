@@ -145,6 +145,7 @@ def test_eval_refuses_a_split_that_is_not_a_test_split(tiny: Path, capsys: Any) 
     assert files(tiny) == written
 
 
+@pytest.mark.slow  # ~34 s: a study and eight CLI calls
 def test_a_split_added_then_changed_in_code_is_evaluated_without_retraining(tmp_path: Path) -> None:
     home = tmp_path / "study"
     home.mkdir()

@@ -26,7 +26,7 @@ PINNED = {
                      "07327d621631af66", "473cde2c84793038", "e04b0a0cf20dd481", "416a5779ec64db85",
                      "3d13ad28158bc116", "c49679e6cf60b406", "a6f747dbf6ede170", "b46dc09e07001943"],
     "li2021_mnist": ["7d4861def970fb0d", "6619ecb7a69f6e16"],  # 13cda084..., b45cdede... before init: keras
-    "li2021_scan": ["0e55d077d33bed4e", "3805a73e88e3cf95"],  # 3f5ea4b5..., 68c50f47... before the end-of-input token and 7 output classes; 59f55847..., f2348b3a... before init: tf, 8-dim targets; 513686de..., 8e6f2631... before input feeding, no tanh, sum / batch; 2f4d265b..., 29cfe1ff... before batches drawn with replacement
+    "li2021_scan": ["761dfe18b6640d23", "60faff2c4dd7ca47"],  # 0e55d077..., 3805a73e... on impl: reference, before the fast path's input feeding; 3f5ea4b5..., 68c50f47... before the end-of-input token and 7 output classes; 59f55847..., f2348b3a... before init: tf, 8-dim targets; 513686de..., 8e6f2631... before input feeding, no tanh, sum / batch; 2f4d265b..., 29cfe1ff... before batches drawn with replacement
     "li2021_toy": ["2d2bcc41e9c45a94"],  # 13e03d858b7a2505 before Playground's training; d7d4864107d7926f before its fixed data order
     "quickstart": ["b38ef157b3f8acb0"],  # bef8b71cc8cc0099 before the end symbol
     "shah2020_lms5": ["c36cd9ff7cb629c1", "8a6c28066069cc78", "2f9acbbfdff2c677"],
@@ -50,7 +50,7 @@ weber2018 and the quickstart, the arming level in weber2018, the paper's loss sc
 budget in sutskever2014, Keras's init in li2021_mnist, TF's init and the 8-dim target
 embedding in li2021_scan and then its TensorFlow 1 attention wrapper (input feeding, no tanh)
 and loss (sum / batch) and then its batches drawn with replacement and then its end-of-input
-token and 7 output classes, Suzgun et al.'s very-long sampler in elnaggar2022, TensorFlow
+token and 7 output classes and then its move to the fast path's bundled input feeding, Suzgun et al.'s very-long sampler in elnaggar2022, TensorFlow
 Playground's training in li2021_toy and then its fixed data order); the comments keep their
 earlier ids. Every other change must keep them."""
 

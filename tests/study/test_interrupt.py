@@ -35,7 +35,11 @@ CONFIG = {
 }
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig",
+    # SIGTERM takes the same path as SIGINT (one handler); ~16 s, so it runs with -m slow
+    [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM", marks=pytest.mark.slow)],
+)
 def test_a_stopped_study_exits_nonzero_with_committed_counts_and_leaves_no_ray(
     tmp_path: Path, sig: signal.Signals
 ) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 STUDY = {
@@ -49,6 +50,7 @@ def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next
     assert "━" not in text and "\x1b[" not in text, "no terminal bar or escape codes in a log"
 
 
+@pytest.mark.slow  # ~15 s: waits for heartbeats
 def test_heartbeats_keep_coming_while_a_bundle_reports_rarely(tmp_path: Path) -> None:
     """A bundle whose results come rarely (a long round, or a large report_every_s) still
     gets heartbeat lines by the clock, before its first seed commits."""

@@ -204,6 +204,7 @@ def test_bad_loggers_are_refused_before_ray(tmp_path: Path, loggers: list[str], 
 
 
 # ------------------------------------------------------------------- Optuna learning curves
+@pytest.mark.slow  # ~16 s: a tuning study; trackers of a seed study stay in the default run
 def test_tuning_names_its_objective_and_reports_learning_curves(tmp_path: Path) -> None:
     import optuna
 

@@ -272,6 +272,7 @@ def test_rerun_when_finished_starts_nothing_and_changed_search_is_refused(
     assert res.returncode == 2 and "tune.space" in res.stderr and "--name" in res.stderr
 
 
+@pytest.mark.slow  # ~14 s: a second study after the tuning
 def test_from_best_runs_the_candidate_study_sql_ranks_first(tuned: dict[str, Any]) -> None:
     out = tuned["out"]
     first = sql(

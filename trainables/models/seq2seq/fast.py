@@ -44,6 +44,7 @@ import torch
 from trainables.models.base import MemberNoise
 from trainables.models.ckernels import CpuKernels
 from trainables.models.seq2seq.decode import decode
+from trainables.models.seq2seq.feeding import FeedingDecoder, FeedingStepper, teacher_forced
 from trainables.models.seq2seq.layout import (
     IGNORE,
     Arch,
@@ -63,13 +64,12 @@ from trainables.models.seq2seq.weights import (
 
 
 class FastEngine(Engine):
-    """Batched bundle computation over stacked parameters (see the module docstring).
-    It has no input feeding (its decoder runs all steps before attention). ``kern``: the
-    compiled CPU kernels every computation uses (the model's choice; None: torch ops)."""
+    """Batched bundle computation over stacked parameters (see the module docstring). With
+    input feeding the decoder is :mod:`feeding`'s, one step at a time, on the training form
+    of the weights also in evaluation. ``kern``: the compiled CPU kernels every computation
+    uses (the model's choice; None: torch ops)."""
 
     def __init__(self, arch: Arch, kern: CpuKernels | None) -> None:
-        if arch.input_feeding:
-            raise ValueError("the fast seq2seq engine has no input feeding: use the reference engine")
         super().__init__(arch)
         self.kern = kern
 
@@ -131,7 +131,7 @@ class FastEngine(Engine):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Cross-entropy of every listed target token (K, N), 0 at token-list padding; with
         ``hits`` also whether each token is the argmax of its logits (K, N) bool."""
-        evaluation = noise is None and not torch.is_grad_enabled()
+        evaluation = noise is None and not torch.is_grad_enabled() and not self.arch.input_feeding
         w = build_weights(self.arch, params, evaluation=evaluation, kern=self.kern)
         encoded = self.encode(w, batch, noise)
         if evaluation:
@@ -150,6 +150,12 @@ class FastEngine(Engine):
         on a CPU with greedy decoding both from one call of the C decoder, which decodes a
         row greedily only from where its argmax leaves its gold tokens
         (:meth:`FastStepper.decode_in_c`)."""
+        if self.arch.input_feeding:
+            w = build_weights(self.arch, params, kern=self.kern)
+            encoded = self.encode(w, batch, None)
+            ce_f, hit_f = self._token_outputs(w, batch, None, hits, encoded)
+            feeding = self._feeding_stepper(w, encoded, batch, width)
+            return ce_f, hit_f, decode(feeding, batch.steps(), width)
         w = build_weights(self.arch, params, evaluation=True, kern=self.kern)
         encoded = self.encode(w, batch, None)
         stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, width)
@@ -182,11 +188,19 @@ class FastEngine(Engine):
             mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size)
             if mask is not None:
                 y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.tgt_emb_size))
-        y = self.decoder(w, y, h_fin, c_fin, batch.tgt_active)  # (K, T, B, Hd)
         hd = a.dec_hidden
-        q = y.transpose(1, 2).contiguous()  # (K, B, T, Hd)
         pos = batch.tok_pos.view(-1)
         n = batch.tok_pos.shape[1]
+        if a.input_feeding:  # the decoder attends step by step; h~ comes out dropped out
+            assert keys is not None
+            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
+            drop = None if mask is None else scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, hd))
+            dec = FeedingDecoder(a, w, enc, keys, h_fin, c_fin, batch.src_mask)
+            u = teacher_forced(dec, y, drop).transpose(1, 2).reshape(k * b * t, hd)  # (K*B*T, Hd)
+            u = u.index_select(0, pos).view(k, n, hd)
+            return linear_cross_entropy(u, w.out_t, w.out_b, batch.tok_target, IGNORE, hits, w.kern)
+        y = self.decoder(w, y, h_fin, c_fin, batch.tgt_active)  # (K, T, B, Hd)
+        q = y.transpose(1, 2).contiguous()  # (K, B, T, Hd)
         q_tok = q.view(k * b * t, hd).index_select(0, pos).view(k, n, hd)
         if keys is not None:
             assert w.comb_ctx_t is not None and w.comb_h_t is not None
@@ -232,6 +246,30 @@ class FastEngine(Engine):
     @torch.no_grad()
     def start_decode(
         self, params: Mapping[str, torch.Tensor], batch: Seq2SeqBatch, width: int
-    ) -> FastStepper:
+    ) -> FastStepper | FeedingStepper:
+        if self.arch.input_feeding:
+            w = build_weights(self.arch, params, kern=self.kern)
+            return self._feeding_stepper(w, self.encode(w, batch, None), batch, width)
         w = build_weights(self.arch, params, evaluation=True, kern=self.kern)
         return FastStepper(self.arch, w, *self.encode(w, batch, None), batch.src_mask, width)
+
+    def _feeding_stepper(
+        self,
+        w: Weights,
+        encoded: tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]],
+        batch: Seq2SeqBatch,
+        width: int,
+    ) -> FeedingStepper:
+        """The input-feeding decoder of :meth:`encode`'s outputs, each example's rows
+        repeated ``width`` times (N = B * width hypotheses)."""
+        enc, keys, h_fin, c_fin = encoded
+        assert keys is not None
+
+        def rep(x: torch.Tensor) -> torch.Tensor:
+            return x.repeat_interleave(width, 1)
+
+        dec = FeedingDecoder(
+            self.arch, w, rep(enc), rep(keys), [rep(h) for h in h_fin], [rep(c) for c in c_fin],
+            rep(batch.src_mask),
+        )
+        return FeedingStepper(dec)

@@ -79,7 +79,7 @@ class Arch:
     """Target embedding size; 0: ``emb`` (one size for both vocabularies)."""
     input_feeding: bool = False
     """Decoder layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
-    sec. 3.3), ``h~_0 = 0``; only the reference implementation computes it."""
+    sec. 3.3), ``h~_0 = 0``; the fast implementation steps it in :mod:`feeding`."""
     attention_tanh: bool = True
     """``h~ = tanh(W_c [context; h_dec])``; False: ``h~ = W_c [context; h_dec]`` (TensorFlow 1's
     ``AttentionWrapper`` attention layer, no activation)."""

@@ -10,7 +10,8 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   By default **no input feeding**: the attentional state is not fed back into the decoder,
   so the decoder runs over all steps first and attention is one batched matmul afterwards.
   With ``input_feeding`` layer 0 reads ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
-  sec. 3.3), one step at a time, in the reference implementation only;
+  sec. 3.3), one step at a time (both implementations; the fast one bundles it,
+  :mod:`feeding`);
 * attention ``bilinear``: ``score_s = h_dec^T W_a h_enc_s`` (masked beyond the source
   length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
   bias in W_a or W_c; ``attention_activation: none`` leaves out the ``tanh``, as TensorFlow
@@ -30,8 +31,8 @@ hand-written LSTM, see :mod:`fast`) and ``reference`` (plain eager ``nn``
 modules, K = 1, see :mod:`reference`). Both read the same stacked parameters
 (layout: :mod:`layout`), draw the same dropout masks and compute the same
 numbers; :meth:`Seq2Seq.to_reference` turns a bundle member into a reference model.
-``input_feeding`` picks ``reference`` when ``impl`` is not given (and refuses an explicit
-``impl: fast``), so such a study trains one seed per bundle.
+Both have ``input_feeding``; the fast one steps all K members' decoders together
+(:mod:`feeding`), so a study with it trains bundles of seeds like any other.
 
 Initialisation (``init``): ``uniform`` draws every parameter from U(-init_range,
 init_range); ``tf`` is Li et al.'s TensorFlow 1 code (:mod:`init`).
@@ -60,7 +61,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from trainables.configbase import FrozenConfig, added_field
@@ -124,8 +125,8 @@ class Seq2SeqConfig(FrozenConfig):
     in the toolkits of 2018: OpenNMT-py (``-input_feed 1``: "Feed the context vector at
     each time step as additional input") and TensorFlow's ``AttentionWrapper``
     (``cell_input_fn`` defaults to ``concat([inputs, attention], -1)``), which Li et al.'s
-    SCAN code uses. Needs ``attention: bilinear``; only the reference implementation has
-    it, so it picks ``impl: reference`` unless ``impl`` is given (one seed per bundle)."""
+    SCAN code uses. Needs ``attention: bilinear``. Both implementations have it; the fast
+    one runs a bundle's decoders one step at a time together (:mod:`feeding`)."""
     attention_activation: Literal["tanh", "none"] = added_field("tanh")
     """The attentional state's activation: ``tanh``: ``h~ = tanh(W_c [context; h_dec])``
     (Luong et al. 2015, eq. 5; OpenNMT-py); ``none``: ``h~ = W_c [context; h_dec]``, a linear
@@ -156,28 +157,8 @@ class Seq2SeqConfig(FrozenConfig):
     metric; greedy-decoding exact match is the task's own metric), and ``tf_token``: the
     fraction of an example's target positions (incl. EOS) whose argmax is right."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _feeding_picks_the_reference(cls, data: Any) -> Any:
-        """``input_feeding`` without an ``impl`` resolves to ``impl: reference`` (the fast path
-        has no input feeding); an explicit ``impl`` is kept and checked below."""
-        if isinstance(data, dict) and "impl" not in data and "input_feeding" in data:
-            try:
-                feeding = TypeAdapter(bool).validate_python(data["input_feeding"])
-            except ValidationError:
-                return data  # the field's own validation names the problem
-            if feeding:
-                return {**data, "impl": "reference"}
-        return data
-
     @model_validator(mode="after")
     def _input_feeding_is_possible(self) -> Seq2SeqConfig:
-        if self.input_feeding and self.impl == "fast":
-            raise ValueError(
-                "input_feeding: the fast implementation has no input feeding (its decoder runs "
-                "every step before attention). Fix: set impl: reference, or leave impl unset "
-                "(input feeding then picks it), or set input_feeding: false"
-            )
         if self.input_feeding and self.attention == "none":
             raise ValueError(
                 "input_feeding: feeds the attentional state back, but attention is none. Fix: "
@@ -295,12 +276,6 @@ class Seq2Seq(Model):
         super().__init__(config, meta, k)
         assert isinstance(config, Seq2SeqConfig)
         self.cfg = config
-        if config.input_feeding and config.impl != "reference":
-            raise ConfigError(
-                "model.input_feeding",
-                "only the reference implementation has input feeding",
-                "leave model.impl unset or set it to reference",
-            )
         if config.impl == "reference" and k != 1:
             raise ConfigError(
                 "model.impl",
