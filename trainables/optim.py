@@ -32,6 +32,7 @@ bundle's spec and a dict of per-member values.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,6 +243,14 @@ class BundledOptimizer(torch.optim.Optimizer):
         self.lr_factor = 1.0
         """The schedule's factor on every member's learning rate (``train.lr_halving``)."""
         self._show_lr()
+
+    # torch.optim.Optimizer wraps these in torch._disable_dynamo, whose first call imports
+    # torch._dynamo: about a core-second in every new worker process. fineline never
+    # compiles an optimizer, so its optimizers call the undecorated functions.
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
 
     def _show_lr(self) -> None:
         lrs = self.lrs()

@@ -114,6 +114,13 @@ def feeding(feed: NoiseFeed) -> Iterator[NoiseFeed]:
 class RandomOpWatch(TorchDispatchMode):
     """Notes the first random aten op run under it and the module path running it."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would wrap ``__torch_dispatch__`` in ``torch._disable_dynamo``, whose
+        first call imports ``torch._dynamo`` (about a core-second in every new worker
+        process); nothing runs compiled under this mode."""
+        return False
+
     def __init__(self, root: nn.Module) -> None:
         super().__init__()
         self.root = root

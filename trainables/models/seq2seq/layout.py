@@ -115,8 +115,18 @@ class Arch:
 
 
 def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleDict:
-    """The plain torch modules whose parameters define the layout (see the module doc)."""
-    kw: dict[str, Any] = {"device": device}
+    """The plain torch modules whose parameters define the layout (see the module doc).
+
+    Built on the CPU and then moved to ``device``: a module's random init on the ``meta``
+    device runs torch's Python reference kernels, whose first call imports ``torch._dynamo``
+    (about a core-second in every new worker process); on the CPU these few small tensors
+    cost about a millisecond. The global RNG is left as it was (``fork_rng``)."""
+    with torch.random.fork_rng(devices=[]):
+        return _modules(arch).to(device)
+
+
+def _modules(arch: Arch) -> nn.ModuleDict:
+    kw: dict[str, Any] = {}
     mods: dict[str, nn.Module] = {
         "src_emb": nn.Embedding(arch.src_vocab, arch.emb, **kw),
         "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.tgt_emb_size, **kw),
