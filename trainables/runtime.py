@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from typing import Any
 
 import torch
 
@@ -46,3 +47,23 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+def quiet_sigterm_in_callbacks() -> None:
+    """In a Ray worker: do not print the ``SystemExit`` that Ray's SIGTERM handler raises
+    when the signal lands inside a callback (a weakref's or a finalizer's) that cannot
+    raise. Python then prints "Exception ignored in ..." with Ray's traceback, which the
+    driver forwards to the user's terminal at the end of every interrupted study, though
+    nothing failed (the exception is dropped either way). Other unraisable exceptions go to
+    the hook that was there before."""
+    before = sys.unraisablehook
+    if getattr(before, "_fineline_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, SystemExit):
+            return
+        before(unraisable)
+
+    hook._fineline_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook

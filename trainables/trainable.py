@@ -38,7 +38,7 @@ from trainables.errors import ConfigError, DataError
 from trainables.loop import BundleRun
 from trainables.plugins import import_modules
 from trainables.results import commit_seed
-from trainables.runtime import configure_worker
+from trainables.runtime import configure_worker, quiet_sigterm_in_callbacks
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task
@@ -87,6 +87,7 @@ class FinelineTrainable(tune.Trainable):
             self.unit = config["unit"]
         self.objective = self.unit.get("objective")
         configure_worker(int(self.unit.get("threads", 1)))
+        quiet_sigterm_in_callbacks()
         self.round_budget_s = float(self.unit.get("report_every_s", 2.0))
         self.spec = worker_spec(self.unit)
         self.candidates: list[dict[str, Any]] = list(self.unit.get("candidates", []))
