@@ -34,8 +34,8 @@ PINNED = {
     "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
-    "weber2018": ["769e99719d5418a3"],  # f5fc75ecee43564a before the fidelity fixes
-    "weber2018_tune": ["769e99719d5418a3"],
+    "weber2018": ["d2f1484e3fd46ece"],  # 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
+    "weber2018_tune": ["d2f1484e3fd46ece"],  # 769e99719d5418a3 before input feeding and sum / sentences
     "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
                    "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
     "zhou2023_hints_gpu": ["63ddccf2471de4b3", "6ddfcfd5084ba099"],
@@ -46,7 +46,8 @@ PINNED = {
 }
 """Every point's trial_id, computed by fineline before the plugins change (d547e14). Eight
 moved on purpose, since they now compute something else (issue 24: the end symbol in
-weber2018 and the quickstart, the arming level in weber2018, the paper's loss scale and step
+weber2018 and the quickstart, the arming level in weber2018 and then OpenNMT-py's input
+feeding and sum / sentences loss in weber2018 and its tuning study, the paper's loss scale and step
 budget in sutskever2014, Keras's init in li2021_mnist, TF's init and the 8-dim target
 embedding in li2021_scan and then its TensorFlow 1 attention wrapper (input feeding, no tanh)
 and loss (sum / batch) and then its batches drawn with replacement and then its end-of-input

@@ -44,9 +44,10 @@ Meta keys read: ``src_vocab``, ``tgt_vocab`` (:class:`Vocab`), ``max_src_len``,
 decoding, or beam search when ``beam_width > 1`` (:mod:`decode`).
 
 Loss reductions (the trainer's ``loss_reduction``): ``sum`` over every target token incl.
-EOS (the paper's; the only one that learns at SGD lr 0.125), ``token_mean``,
-``step_mean_sum`` (per-step mean over the batch, summed over steps), ``sum_per_sequence``
-(the sum divided by the number of sequences: Sutskever et al.'s ``sum / batch``); see
+EOS, ``token_mean``, ``step_mean_sum`` (per-step mean over the batch, summed over
+steps), ``sum_per_sequence`` (the sum divided by the number of sequences: Sutskever et
+al.'s ``sum / batch``, OpenNMT-py's default normalisation); which one a paper study uses,
+and what was measured, is said in its config (e.g. ``configs/weber2018.yaml``); see
 :data:`REDUCTIONS`. Dropout masks follow the protocol in :mod:`layout`.
 
 No fused step: the trainer's generic step (autograd around the hand-written LSTM's
