@@ -126,26 +126,24 @@ def build_modules(arch: Arch, device: torch.device | str = "meta") -> nn.ModuleD
 
 
 def _modules(arch: Arch) -> nn.ModuleDict:
-    kw: dict[str, Any] = {}
     mods: dict[str, nn.Module] = {
-        "src_emb": nn.Embedding(arch.src_vocab, arch.emb, **kw),
-        "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.tgt_emb_size, **kw),
+        "src_emb": nn.Embedding(arch.src_vocab, arch.emb),
+        "tgt_emb": nn.Embedding(arch.tgt_vocab, arch.tgt_emb_size),
         "encoder": nn.LSTM(
             arch.emb,
             arch.hidden,
             arch.layers,
             batch_first=True,
             bidirectional=arch.directions == 2,
-            **kw,
         ),
-        "decoder": nn.LSTM(arch.dec_input, arch.dec_hidden, arch.layers, batch_first=True, **kw),
+        "decoder": nn.LSTM(arch.dec_input, arch.dec_hidden, arch.layers, batch_first=True),
     }
     if arch.attention:
-        mods["attn"] = nn.Linear(arch.enc_out, arch.dec_hidden, bias=False, **kw)
+        mods["attn"] = nn.Linear(arch.enc_out, arch.dec_hidden, bias=False)
         mods["combine"] = nn.Linear(
-            arch.enc_out + arch.dec_hidden, arch.dec_hidden, bias=False, **kw
+            arch.enc_out + arch.dec_hidden, arch.dec_hidden, bias=False
         )
-    mods["out"] = nn.Linear(arch.dec_hidden, arch.out_classes, **kw)
+    mods["out"] = nn.Linear(arch.dec_hidden, arch.out_classes)
     return nn.ModuleDict(mods)
 
 
