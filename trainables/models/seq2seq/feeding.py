@@ -27,7 +27,7 @@ import torch
 
 from trainables.models.seq2seq.decode import greedy_decode
 from trainables.models.seq2seq.layout import Arch
-from trainables.models.seq2seq.weights import Layer, Weights, embed_members
+from trainables.models.seq2seq.weights import Weights, embed_members
 
 
 def _cell(z: torch.Tensor, c: torch.Tensor, hid: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +84,10 @@ class FeedingDecoder:
         w, hid = self.w, self.hid
         x = self.feed
         for n, layer in enumerate(w.decoder):
-            z = _gates(layer, x, y_proj if n == 0 else None, self.w_feed if n == 0 else None)
+            if n == 0:  # the projected embedding plus the fed-back h~
+                z = torch.baddbmm(y_proj, x, self.w_feed)
+            else:  # the layer below's h
+                z = torch.baddbmm(layer.bias, x, layer.w_ih_t)
             z = torch.baddbmm(z, self.h[n], layer.w_hh.transpose(1, 2))
             self.h[n], self.c[n] = _cell(z, self.c[n], hid)
             x = self.h[n]
@@ -108,17 +111,6 @@ class FeedingDecoder:
         self.h = [h.gather(1, idx) for h in self.h]
         self.c = [c.gather(1, idx) for c in self.c]
         self.feed = self.feed.gather(1, idx)
-
-
-def _gates(
-    layer: Layer, x: torch.Tensor, y_proj: torch.Tensor | None, w_feed: torch.Tensor | None
-) -> torch.Tensor:
-    """A layer's input pre-activations (K, R, G): layer 0 adds the fed-back h~ (``x``) to its
-    projected embedding; an upper layer projects the layer below's h (``x``)."""
-    if y_proj is not None:
-        assert w_feed is not None
-        return torch.baddbmm(y_proj, x, w_feed)
-    return torch.baddbmm(layer.bias, x, layer.w_ih_t)
 
 
 def teacher_forced(
