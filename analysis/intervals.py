@@ -8,6 +8,10 @@ Pure functions; ``values`` are 1-D (``(n,)``: one value per run, NaNs dropped).
   interval stays in [0, 1]); a t interval of values near 1 does not (``t_high 1.08``).
 * Proportions (a share of runs, e.g. runs that never learned) get a Wilson score or
   Clopper-Pearson interval (:meth:`scipy.stats.binomtest(...).proportion_ci`), also in [0, 1].
+* :func:`share_interval`: the share of runs whose value reaches a level (e.g. runs that
+  length-generalize), by a two-level percentile bootstrap: the runs are resampled, and
+  each run's value is redrawn from its test examples (binomially) before it is compared
+  with the level, so a run close to the level counts as uncertain.
 * :func:`holm` adjusts p-values for multiple comparisons (Holm 1979; checked against
   ``statsmodels.stats.multitest.multipletests(method="holm")`` in the tests).
 * :data:`MIN_SEEDS`: numbers from fewer runs carry :func:`seed_warning` beside them.
@@ -164,6 +168,48 @@ def proportion_interval(k: int, n: int, *, level: float = 0.95, method: str = "w
         return Interval(float("nan"), float("nan"), float("nan"), level, method, 0)
     ci = sps.binomtest(int(k), int(n)).proportion_ci(level, method=PROPORTION_METHODS[method])
     return Interval(k / n, float(ci.low), float(ci.high), level, method, int(n))
+
+
+LEVEL_TOLERANCE = 1e-9
+"""A value within this of a level counts as reaching it: a pooled exact match of 270/300
+computed as a mean of per-length shares may round to 0.8999999999999999."""
+
+
+def share_interval(
+    values: Any,
+    at_least: float,
+    n_examples: int | None = None,
+    *,
+    level: float = 0.95,
+    n_boot: int = 4000,
+    seed: int = 0,
+) -> Interval:
+    """Percentile bootstrap interval of the share of runs whose value is >= ``at_least``.
+
+    ``values`` (n,): one share per run (e.g. exact match over a band of test lengths).
+    Each of ``n_boot`` resamples draws n runs with replacement; when ``n_examples`` (the
+    test examples behind each run's value) is given, each drawn run's value is redrawn as
+    Binomial(n_examples, value) / n_examples first, so the interval holds both the seed
+    sampling and the test-set sampling of a run near the level. ``n_examples=None``
+    resamples the runs only: then this equals scipy's percentile bootstrap of the 0/1
+    indicators (tested). The estimate is the observed share. When every run is far from the
+    level on one side, every resample agrees and the interval is a point (0/n or n/n): read
+    the Wilson interval (:func:`proportion_interval`) beside it for what n seeds can rule out.
+    NaN bounds for n < 2.
+    """
+    a = _clean(values)
+    n = int(a.size)
+    est = float((a >= at_least - LEVEL_TOLERANCE).mean()) if n else float("nan")
+    if n < 2:
+        return Interval(est, float("nan"), float("nan"), level, "bootstrap-percentile", n)
+    rng = np.random.default_rng(seed)
+    drawn = a[rng.integers(0, n, size=(n_boot, n))]  # (n_boot, n)
+    if n_examples is not None:
+        drawn = rng.binomial(int(n_examples), np.clip(drawn, 0.0, 1.0)) / int(n_examples)
+    shares = (drawn >= at_least - LEVEL_TOLERANCE).mean(axis=1)  # (n_boot,)
+    lo, hi = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
+    method = "bootstrap-percentile-2level" if n_examples is not None else "bootstrap-percentile"
+    return Interval(est, float(lo), float(hi), level, method, n)
 
 
 def holm(pvalues: Any) -> np.ndarray:

@@ -5,12 +5,14 @@ Kind ``length_generalization`` for :data:`analysis.aggregates.KINDS` (declared b
 
     {"kind": "length_generalization", "metric": "exact", "oracle_metric"?: "oracle_exact",
      "lengths": {"len_1": 1, ...}, "band": ["len_15", ..., "len_20"], "level"?: 0.9,
-     "train_max"?: 10}
+     "train_max"?: 10, "band_examples"?: 300}
 
 A run **length-generalizes** when its ``metric`` over the ``band`` splits (the mean of their
 values: the test splits have equal sizes, so the pooled exact match) is at least ``level``.
 Per grid point: the runs, the mean band value, how many runs generalize and their fraction
-with a Wilson 95% interval, and which seeds do (:func:`generalization_table`); the same for
+with a Wilson 95% interval and a bootstrap 95% interval (seeds resampled, and each seed's
+band value redrawn from its ``band_examples`` test examples: :func:`analysis.intervals.share_interval`),
+and which seeds do (:func:`generalization_table`); the same for
 ``oracle_metric`` (greedy generation of exactly the answer's length) where the study has it.
 The charts draw ``metric`` (and the oracle's) by test length, one line per run and the
 mean per grid point, with the level and the longest training length ``train_max`` marked.
@@ -50,25 +52,29 @@ def band_values(values: pd.DataFrame, band: list[str] | tuple[str, ...]) -> pd.D
 
 
 GENERALIZATION_COLUMNS = ("point", "runs", "mean", "min", "max", "generalize", "fraction", "low",
-                          "high", "seeds")  # fmt: skip
+                          "high", "boot_low", "boot_high", "seeds")  # fmt: skip
 
 
-def generalization_table(runs: pd.DataFrame, level: float) -> pd.DataFrame:
+def generalization_table(runs: pd.DataFrame, level: float, examples: int | None = None) -> pd.DataFrame:
     """Per grid point, the runs whose band value reaches ``level``.
 
     ``runs``: one row per run, columns point, trial_id, seed, value (:func:`band_values`).
     Returns :data:`GENERALIZATION_COLUMNS`, one row per point in order of first appearance:
     runs, mean/min/max of the band value, generalize (runs with value >= level), fraction
-    with its Wilson 95% interval (low, high) and seeds (the generalizing seed indices,
-    ascending, space-separated).
+    with its Wilson 95% interval (low, high) and its bootstrap 95% interval (boot_low,
+    boot_high: :func:`analysis.intervals.share_interval` with ``examples`` test examples
+    per run's band value, None: seeds resampled only) and seeds (the generalizing seed
+    indices, ascending, space-separated).
     """
     rows = []
     for point, sub in runs.groupby("point", sort=False):
-        good = sub["value"] >= level
+        good = sub["value"] >= level - iv.LEVEL_TOLERANCE
         ci = iv.proportion_interval(int(good.sum()), len(sub))
+        boot = iv.share_interval(sub["value"].to_numpy(), level, examples)
         seeds = " ".join(str(s) for s in sorted(sub.loc[good, "seed"].astype(int)))
         rows.append((point, len(sub), float(sub["value"].mean()), float(sub["value"].min()),
-                     float(sub["value"].max()), int(good.sum()), ci.estimate, ci.low, ci.high, seeds))  # fmt: skip
+                     float(sub["value"].max()), int(good.sum()), ci.estimate, ci.low, ci.high,
+                     boot.low, boot.high, seeds))  # fmt: skip
     return pd.DataFrame(rows, columns=list(GENERALIZATION_COLUMNS))
 
 
@@ -101,6 +107,9 @@ class LengthGeneralization(Aggregate):
     """The same with the answer's length given (None: not declared)."""
     train_max: int | None = None
     """The longest training length (marked on the charts)."""
+    band_examples: int | None = None
+    """Test examples behind a run's band value (the bootstrap redraws it from them; None:
+    the bootstrap resamples seeds only)."""
 
     @classmethod
     def parse(cls, raw: dict[str, Any], where: str) -> LengthGeneralization:
@@ -116,13 +125,15 @@ class LengthGeneralization(Aggregate):
         level = raw.get("level", 0.9)
         if isinstance(level, bool) or not isinstance(level, int | float) or not 0 < level <= 1:
             raise _fail(f"{where}.level", f"{level!r} is not a number in (0, 1]")
-        oracle, top = raw.get("oracle_metric"), raw.get("train_max")
+        oracle, top, examples = raw.get("oracle_metric"), raw.get("train_max"), raw.get("band_examples")
         if oracle is not None and not isinstance(oracle, str):
             raise _fail(f"{where}.oracle_metric", f"expected a metric name, got {oracle!r}")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
             raise _fail(f"{where}.train_max", f"expected an integer, got {top!r}")
+        if examples is not None and (isinstance(examples, bool) or not isinstance(examples, int) or examples < 1):
+            raise _fail(f"{where}.band_examples", f"expected a positive integer, got {examples!r}")
         ordered = tuple(sorted(lengths.items(), key=lambda kv: kv[1]))
-        return cls(raw["metric"], ordered, tuple(band), float(level), oracle, top)
+        return cls(raw["metric"], ordered, tuple(band), float(level), oracle, top, examples)
 
     def needs(self) -> list[tuple[Axis, str]]:
         return [(Axis(s, self.metric), "evals") for s in self.band]
@@ -130,7 +141,7 @@ class LengthGeneralization(Aggregate):
     def declaration(self) -> dict[str, Any]:
         return {"kind": self.kind, "metric": self.metric, "oracle_metric": self.oracle_metric,
                 "lengths": dict(self.lengths), "band": list(self.band), "level": self.level,
-                "train_max": self.train_max}  # fmt: skip
+                "train_max": self.train_max, "band_examples": self.band_examples}  # fmt: skip
 
     def decodings(self, ctx: StudyContext) -> list[tuple[str, str]]:
         """(prefix, metric) per decoding the study holds: free-running, then the oracle's."""
@@ -148,7 +159,8 @@ class LengthGeneralization(Aggregate):
         table: pd.DataFrame | None = None
         decodings = self.decodings(ctx)
         for prefix, metric in decodings:
-            t = generalization_table(band_values(ok[ok["metric"] == metric], self.band), self.level)
+            t = generalization_table(band_values(ok[ok["metric"] == metric], self.band), self.level,
+                                     self.band_examples)  # fmt: skip
             t = t.rename(columns={c: prefix + c for c in t.columns if c not in ("point", "runs")})
             table = t if table is None else table.merge(t, on=["point", "runs"], how="outer", sort=False)
         assert table is not None
@@ -160,7 +172,8 @@ class LengthGeneralization(Aggregate):
         detail = detail[["point", "trial_id", "seed", "split", "length", "metric", "value"]]
         oracle = f" and {self.oracle_metric} (oracle length, columns oracle_*)" if len(metrics) > 1 else ""
         title = (f"Runs that length-generalize: mean {self.metric}{oracle} over {self.band[0]}..{self.band[-1]} "
-                 f">= {self.level:g}, per grid point; low/high: Wilson 95%; seeds: which")  # fmt: skip
+                 f">= {self.level:g}, per grid point; low/high: Wilson 95%; boot_low/boot_high: bootstrap 95% "
+                 f"(seeds and each seed's test examples resampled); seeds: which")  # fmt: skip
         return AggregateResult(self, title, table.reset_index(drop=True), detail)
 
     def panels(

@@ -42,6 +42,17 @@ def test_generalization_table_counts_runs_at_the_level_with_wilson_intervals() -
     assert (a["low"], a["high"]) == (pytest.approx(centre - half), pytest.approx(centre + half))
     assert (a["mean"], a["min"], a["max"]) == (pytest.approx((0.9 + 0.95 + 0.2 + 0.89999) / 4), 0.2, 0.95)
     assert (b["generalize"], b["fraction"], b["seeds"], b["low"]) == (0, 0.0, "", 0.0)
+    # the bootstrap of seeds only: B's runs are all far below the level -> [0, 0]; A's share
+    # of 4 resampled runs spans from 0 or 1/4 to 3/4 or 1
+    assert (b["boot_low"], b["boot_high"]) == (0.0, 0.0)
+    assert a["boot_low"] <= 0.25 and a["boot_high"] >= 0.75
+
+
+def test_generalization_table_redraws_runs_near_the_level_from_their_examples() -> None:
+    runs = pd.DataFrame({"point": ["A"] * 10, "trial_id": ["a"] * 10, "seed": range(10), "value": [0.9] * 10})
+    seeds_only, redrawn = generalization_table(runs, 0.9), generalization_table(runs, 0.9, examples=300)
+    assert (seeds_only["boot_low"][0], seeds_only["boot_high"][0]) == (1.0, 1.0)
+    assert redrawn["fraction"][0] == 1.0 and redrawn["boot_low"][0] < 0.5 < redrawn["boot_high"][0]
 
 
 def test_by_length_keeps_the_length_splits_in_length_order() -> None:
@@ -51,7 +62,8 @@ def test_by_length_keeps_the_length_splits_in_length_order() -> None:
 
 
 DECL = {"kind": "length_generalization", "metric": "exact", "oracle_metric": "oracle_exact",
-        "lengths": {"len_4": 4, "len_2": 2, "len_3": 3}, "band": BAND, "level": 0.75, "train_max": 2}  # fmt: skip
+        "lengths": {"len_4": 4, "len_2": 2, "len_3": 3}, "band": BAND, "level": 0.75, "train_max": 2,
+        "band_examples": 60}  # fmt: skip
 
 
 def test_the_declaration_parses_and_round_trips() -> None:
@@ -59,14 +71,15 @@ def test_the_declaration_parses_and_round_trips() -> None:
     (d,) = parse_aggregates([DECL])
     assert isinstance(d, LengthGeneralization)
     assert d.lengths == (("len_2", 2), ("len_3", 3), ("len_4", 4)) and d.band == tuple(BAND)
-    assert (d.level, d.oracle_metric, d.train_max) == (0.75, "oracle_exact", 2)
+    assert (d.level, d.oracle_metric, d.train_max, d.band_examples) == (0.75, "oracle_exact", 2, 60)
     assert parse_aggregates([d.declaration()]) == [d]
 
 
 @pytest.mark.parametrize(
     ("change", "where"),
     [({"metric": 3}, "metric"), ({"lengths": {"len_3": "3"}}, "lengths"), ({"band": ["len_9"]}, "band"),
-     ({"level": 1.5}, "level"), ({"oracle_metric": 1}, "oracle_metric"), ({"train_max": 2.5}, "train_max")],
+     ({"level": 1.5}, "level"), ({"oracle_metric": 1}, "oracle_metric"), ({"train_max": 2.5}, "train_max"),
+     ({"band_examples": 0}, "band_examples")],
 )  # fmt: skip
 def test_malformed_declarations_name_the_key(change: dict[str, Any], where: str) -> None:
     with pytest.raises(AnalysisError, match=rf"aggregates\[0\]\.{where}: .*Fix the task's analysis"):

@@ -81,6 +81,37 @@ def test_proportion_intervals_by_hand() -> None:
     assert 0 < mid.low < 0.3 < mid.high < 1
 
 
+def test_share_interval_resampling_runs_only_is_scipys_percentile_bootstrap() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.uniform(0.5, 1.0, 20)
+    hits = (values >= 0.9).astype(float)
+    ci = iv.share_interval(values, 0.9, n_boot=20000)
+    ref = sps.bootstrap((hits,), np.mean, n_resamples=20000, method="percentile",
+                        rng=np.random.default_rng(1)).confidence_interval  # fmt: skip
+    assert ci.estimate == hits.mean() and ci.method == "bootstrap-percentile"
+    # both bounds are shares k/20; independent draws of the same distribution may differ by one step
+    assert abs(ci.low - ref.low) <= 1 / 20 + 1e-12 and abs(ci.high - ref.high) <= 1 / 20 + 1e-12
+
+
+def test_share_interval_redraws_each_run_from_its_test_examples() -> None:
+    # every run far from the level: every redraw agrees, a point interval (Wilson gives the width)
+    top, bottom = iv.share_interval([1.0] * 10, 0.9, 300), iv.share_interval([0.1] * 10, 0.9, 300)
+    assert (top.low, top.high, bottom.low, bottom.high) == (1.0, 1.0, 0.0, 0.0)
+    # every run exactly at the level: the observed share is 1 and seeds alone cannot move it ...
+    at = iv.share_interval([0.9] * 10, 0.9)
+    assert (at.estimate, at.low, at.high) == (1.0, 1.0, 1.0)
+    # ... but each run's 300 examples redrawn reach 270 hits with P = sf(269; 300, 0.9) ~ 0.54,
+    # so the share of 10 runs is Binomial(10, 0.54) / 10 and its 95% range is wide
+    p = sps.binom.sf(269, 300, 0.9)
+    two = iv.share_interval([0.9] * 10, 0.9, 300, n_boot=20000)
+    lo, hi = sps.binom.ppf([0.025, 0.975], 10, p) / 10
+    assert two.method == "bootstrap-percentile-2level"
+    assert (two.low, two.high) == (pytest.approx(lo), pytest.approx(hi))
+    # a pooled share that rounds below the level still reaches it: 135 of 150 as a mean of thirds
+    pooled = np.mean([41 / 50, 47 / 50, 47 / 50])
+    assert pooled < 0.9 and iv.share_interval([pooled] * 3, 0.9).estimate == 1.0
+
+
 def test_holm_by_hand_and_against_statsmodels() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max
     p = [0.01, 0.04, 0.03, 0.005]

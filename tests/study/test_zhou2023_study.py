@@ -65,6 +65,7 @@ def test_the_aggregate_counts_the_runs_that_length_generalize(out: Path) -> None
         assert sum(len(r[prefix + "seeds"].split()) for r in rows) == len(good)
         means = [sum(v) / 2 for (m, _, _), v in band.items() if m == metric]
         assert min(r[prefix + "min"] for r in rows) == pytest.approx(min(means))
+        assert all(0 <= r[prefix + "boot_low"] <= r[prefix + "boot_high"] <= 1 for r in rows)
 
 
 def test_the_report_draws_exact_match_by_length(out: Path) -> None:

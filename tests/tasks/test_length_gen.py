@@ -217,6 +217,7 @@ def test_the_declared_aggregate_names_the_band_and_every_length() -> None:
     decl = task(kind="copy_unique", train_lengths=(1, 10)).analysis()
     (agg,) = decl["aggregates"]
     assert agg["kind"] == "length_generalization" and agg["level"] == 0.9 and agg["train_max"] == 10
+    assert agg["band_examples"] == 6 * task(kind="copy_unique", train_lengths=(1, 10)).config.test_size
     assert agg["band"] == [length_split(n) for n in range(15, 21)]
     assert agg["lengths"] == {length_split(n): n for n in range(1, 21)}
     assert (agg["metric"], agg["oracle_metric"]) == ("exact", "oracle_exact")

@@ -317,7 +317,7 @@ class LengthGen(Task):
             "aggregates": [{
                 "kind": "length_generalization", "metric": "exact", "oracle_metric": "oracle_exact",
                 "lengths": lengths, "band": [length_split(m) for m in band], "train_max": n,
-                "level": cfg.generalization_level,
+                "level": cfg.generalization_level, "band_examples": cfg.test_size * len(band),
             }],
             "events": [{"name": "fits", "split": "val", "metric": "exact", "op": ">=",
                         "threshold": cfg.generalization_level}],
