@@ -6,7 +6,9 @@ examples together bound a difference (Multi-Bootstrap).
   or given as ``study analyze NAME --event "val accuracy >= 0.5"``, which replaces the
   declared ones) read from the ``metrics`` curves: per grid point the Kaplan-Meier
   estimate (median time with its interval, share reached by the budget), censoring by
-  kind, diverged runs apart (:mod:`analysis.survival`);
+  kind, diverged runs apart (:mod:`analysis.survival`); and, where configs varied the
+  seed sources one at a time, each source's share of the seed variance of the (restricted)
+  time to the event and of whether it happened (:func:`analysis.verdict.source_shares`);
 * :func:`study_seed_counts`: from the primary metric's spread on the verdict's splits,
   seeds to estimate each mean to +-h and to detect a difference, and the power of each
   config comparison the verdict makes, with a warning when it is under 80%
@@ -57,6 +59,9 @@ class EventResult:
     """:func:`analysis.survival.event_summary`'s summary (one row per grid point)."""
     curves: pd.DataFrame
     """The Kaplan-Meier table per grid point (:data:`analysis.survival.CURVE_COLUMNS`)."""
+    sources: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """:func:`event_sources`: each seed source's share of the seed variance of the time and
+    of whether the event happened (empty unless sources were varied one at a time)."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -147,20 +152,45 @@ def event_curves(ctx: StudyContext, event: sv.Event) -> tuple[pd.DataFrame, str]
     return df.assign(time=df[unit].astype(float))[["trial_id", "seed", "time", "value"]], unit
 
 
+def event_sources(
+    outcomes: pd.DataFrame, runs: pd.DataFrame, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Each seed source's share of the seed variance of an event, where configs varied one
+    source each (:func:`analysis.verdict.source_shares`, bootstrap interval).
+
+    ``outcomes``: :func:`analysis.survival.run_outcomes`; ``runs``: one row per run with
+    trial_id, seed and the seed-source columns. Two rows per source: ``of`` ``time`` (the
+    restricted time to the event, :func:`analysis.survival.restricted_times`: censored runs
+    at their censoring time, so "never" and "late" both count) and ``reached`` (0/1: whether
+    it happened). Columns: of, then :func:`analysis.verdict.source_shares`'s. Empty when
+    fewer than two sources were varied alone.
+    """
+    r = sv.restricted_times(outcomes)
+    parts = []
+    for of in ("time", "reached"):
+        vals = vd.runs_with_seeds(r[["trial_id", "seed"]].assign(value=r[of]), runs)
+        shares = vd.source_shares(vals, level=level, n_boot=n_boot, seed=seed)
+        if not shares.empty:
+            parts.append(shares.assign(of=of))
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True)
+    return out[["of", *[c for c in out.columns if c != "of"]]]
+
+
 def study_events(
     ctx: StudyContext, events: Sequence[sv.Event], *, level: float = 0.95
 ) -> list[EventResult]:
     """Each event's time-to-event analysis (see the module docstring)."""
     out = []
-    points = list(
-        dict.fromkeys(ctx.labels.get(t, t) for t in q.run_seeds(ctx.con, ctx.name)["trial_id"])
-    )
+    runs = q.run_seeds(ctx.con, ctx.name)
+    points = list(dict.fromkeys(ctx.labels.get(t, t) for t in runs["trial_id"]))
     for e in events:
         curves, unit = event_curves(ctx, e)
         after = event_curves(ctx, e.after)[0] if e.after is not None else None
         outcomes = sv.run_outcomes(curves, run_budgets(ctx, unit), e, after)
         summary, km = sv.event_summary(outcomes, level=level, points=points)
-        res = EventResult(e, unit, outcomes, summary, km)
+        res = EventResult(e, unit, outcomes, summary, km, event_sources(outcomes, runs, level=level))
         early = int((outcomes["outcome"] == "early_stop").sum())
         if early:
             res.warnings.append(
@@ -473,6 +503,12 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
             )
             lines += [f"Share reached by each {r.unit}" + (f" - point {p}" if len(r.summary) > 1 else ""),
                       text_table(k, max_rows=40)]  # fmt: skip
+        if not r.sources.empty:
+            src = r.sources.assign(share=[_pct(a, b, c) for a, b, c in zip(r.sources["share"], r.sources["low"], r.sources["high"], strict=True)])
+            lines += [f"Seed sources of {r.event.label}, varied one at a time: each source's share of the seed "
+                      f"variance of the time ({r.unit}s; censored runs at their censoring time) and of whether it "
+                      "happened (95% percentile bootstrap, runs resampled within each config)",
+                      text_table(src[["of", "source", "configs", "runs", "var", "share", "warn"]])]  # fmt: skip
     c = qs.seeds
     if not c.table.empty:
         t = c.table.copy()
@@ -520,7 +556,7 @@ def questions_json(qs: Questions) -> dict[str, Any]:
              "method": "Kaplan-Meier (scipy.stats.ecdf), log-log band; median interval where the band "
                        "crosses 0.5 (Brookmeyer-Crowley); diverged runs competing (Aalen-Johansen)",
              "summary": records(r.summary), "curves": records(r.curves), "runs": records(r.outcomes),
-             "warnings": r.warnings}
+             "sources": records(r.sources), "warnings": r.warnings}
             for r in qs.events
         ],
         "seed_counts": {

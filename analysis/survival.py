@@ -32,7 +32,10 @@ Pure functions on small tables (rliable style: the shape of every table is state
   with the band;
 * :func:`cumulative_incidence`: Aalen-Johansen cumulative incidence of the event and of
   the competing outcome;
-* :func:`event_summary`: all of the above per grid point.
+* :func:`event_summary`: all of the above per grid point;
+* :func:`restricted_times`: each run's ``min(T, C)`` and whether it had the event, whose
+  spreads :func:`analysis.seed_questions.study_events` splits between seed sources where
+  configs varied them one at a time (e.g. init seeds on one split, split seeds with one init).
 """
 
 from __future__ import annotations
@@ -216,6 +219,21 @@ def run_outcomes(
             outcome, time = "stopped", end
         rows.append((r.point, r.trial_id, int(r.seed), status, time, end, budget, outcome))
     return pd.DataFrame(rows, columns=list(OUTCOME_COLUMNS))
+
+
+def restricted_times(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Each run's *restricted* time to the event and whether it happened, for spreads.
+
+    ``outcomes``: :func:`run_outcomes`. A run with the event keeps its time; a censored run
+    (budget, early stop, stopped) its censoring time, i.e. ``min(T, C)``, whose mean over
+    runs sharing one budget is the restricted mean survival time. Diverged runs (a
+    competing outcome) are left out. Returns one row per run, columns point, trial_id, seed,
+    time, reached (1.0: the event; 0.0: censored).
+    """
+    o = outcomes[outcomes["outcome"] != "diverged"]
+    return pd.DataFrame({"point": o["point"], "trial_id": o["trial_id"], "seed": o["seed"].astype(int),
+                         "time": o["time"].astype(float),
+                         "reached": (o["outcome"] == "event").astype(float)}).reset_index(drop=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- Kaplan-Meier

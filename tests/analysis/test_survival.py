@@ -11,6 +11,7 @@ from scipy import stats as sps
 
 from analysis import survival as sv
 from analysis.errors import AnalysisError
+from analysis.seed_questions import event_sources
 
 
 def test_parse_event_forms_and_errors() -> None:
@@ -171,3 +172,29 @@ def test_event_summary_by_hand() -> None:
     assert s["reached_all"] == pytest.approx(0.5)
     assert km["reached_all"].tolist() == pytest.approx([1 / 6, 1 / 6, 0.5, 0.5])
     assert s["warn"] == "n<10"
+
+
+def test_restricted_times_and_their_seed_sources_by_hand() -> None:
+    # config i varies the init seed on one data split; config d the data seed with one init
+    outcomes = pd.DataFrame(
+        [("i", "i", s, "ok", t, 3000.0, 3000.0, "event") for s, t in enumerate([100.0, 200.0, 300.0, 400.0])]
+        + [("d", "d", s, "ok", 100.0, 3000.0, 3000.0, "event") for s in range(3)]
+        + [("d", "d", 3, "ok", 3000.0, 3000.0, 3000.0, "budget"), ("d", "d", 4, "diverged", 50.0, 50.0, 3000.0, "diverged")],
+        columns=list(sv.OUTCOME_COLUMNS),
+    )  # fmt: skip
+    r = sv.restricted_times(outcomes)
+    assert len(r) == 8  # the diverged run is a competing outcome, left out
+    assert r.loc[r["trial_id"] == "d", ["time", "reached"]].values.tolist() == [[100, 1], [100, 1], [100, 1], [3000, 0]]
+    runs = pd.DataFrame({"trial_id": ["i"] * 4 + ["d"] * 5, "seed": [0, 1, 2, 3, 0, 1, 2, 3, 4],
+                         "init_seed": [10, 11, 12, 13, 9, 9, 9, 9, 9], "order_seed": 1, "dropout_seed": 2,
+                         "data_seed": [5, 5, 5, 5, 20, 21, 22, 23, 24]})  # fmt: skip
+    src = event_sources(outcomes, runs, n_boot=500).set_index(["of", "source"])
+    # time: var_init = var(100..400) = 16,666.7; var_data = var(100, 100, 100, 3000) = 2,102,500
+    v_init, v_data = np.var([100, 200, 300, 400], ddof=1), np.var([100, 100, 100, 3000], ddof=1)
+    assert src.loc[("time", "init"), "var"] == pytest.approx(v_init)
+    assert src.loc[("time", "init"), "share"] == pytest.approx(v_init / (v_init + v_data))
+    # whether: every init seed reached it (variance 0), one of four split seeds did not (0.25)
+    assert (src.loc[("reached", "init"), "share"], src.loc[("reached", "data"), "share"]) == (0.0, 1.0)
+    assert (src["low"] <= src["share"] + 1e-12).all() and (src["share"] <= src["high"] + 1e-12).all()
+    # one source varied alone: nothing to split
+    assert event_sources(outcomes[outcomes["trial_id"] == "i"], runs).empty
