@@ -170,7 +170,7 @@ def event_sources(
     for of in ("time", "reached"):
         vals = vd.runs_with_seeds(r[["trial_id", "seed"]].assign(value=r[of]), runs)
         shares = vd.source_shares(vals, level=level, n_boot=n_boot, seed=seed)
-        if not shares.empty:
+        if not shares.empty and shares["var"].sum() > 0:  # no seed variance: nothing to split
             parts.append(shares.assign(of=of))
     if not parts:
         return pd.DataFrame()

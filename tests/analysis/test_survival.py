@@ -196,5 +196,8 @@ def test_restricted_times_and_their_seed_sources_by_hand() -> None:
     # whether: every init seed reached it (variance 0), one of four split seeds did not (0.25)
     assert (src.loc[("reached", "init"), "share"], src.loc[("reached", "data"), "share"]) == (0.0, 1.0)
     assert (src["low"] <= src["share"] + 1e-12).all() and (src["share"] <= src["high"] + 1e-12).all()
+    # no seed variance (every run reached it at step 100): nothing to split
+    same = outcomes.assign(time=100.0, outcome="event")
+    assert event_sources(same[same["outcome"] != "diverged"], runs).empty
     # one source varied alone: nothing to split
     assert event_sources(outcomes[outcomes["trial_id"] == "i"], runs).empty
