@@ -14,8 +14,9 @@ with a Wilson 95% interval and a bootstrap 95% interval (seeds resampled, and ea
 band value redrawn from its ``band_examples`` test examples: :func:`analysis.intervals.share_interval`),
 and which seeds do (:func:`generalization_table`); the same for
 ``oracle_metric`` (greedy generation of exactly the answer's length) where the study has it.
-The charts draw ``metric`` (and the oracle's) by test length, one line per run and the
-mean per grid point, with the level and the longest training length ``train_max`` marked.
+The charts draw the share that generalizes per grid point with both intervals, and
+``metric`` (and the oracle's) by test length, one line per run and the mean per grid
+point, with the level and the longest training length ``train_max`` marked.
 
 The statistics are pure functions on DataFrames whose docstrings give the table shapes.
 Only runs with status ``ok`` enter, as everywhere in the analysis.
@@ -179,13 +180,51 @@ class LengthGeneralization(Aggregate):
     def panels(
         self, result: AggregateResult, store: Any, baselines: pd.DataFrame, *, multi: bool
     ) -> Panels:
-        out: Panels = []
+        out: Panels = [("length-generalization-share", share_chart(store, share_rows(result.table)), True)]
         for metric in dict.fromkeys(result.detail["metric"]):
             sub = result.detail[result.detail["metric"] == metric]
             what = "oracle length" if metric == self.oracle_metric else "free-running"
             chart = by_length_chart(store, sub, metric, what, self.level, self.train_max, multi=multi)
             out.append((f"length-generalization-{metric}", chart, True))
         return out
+
+
+SHARE_ROWS = ("point", "decoding", "runs", "generalize", "fraction", "low", "high", "boot_low", "boot_high")
+
+
+def share_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The aggregate's table (:data:`GENERALIZATION_COLUMNS`, oracle columns ``oracle_*``)
+    as one row per (point, decoding), decoding ``free-running`` or ``oracle length``:
+    :data:`SHARE_ROWS`."""
+    parts = []
+    for prefix, decoding in (("", "free-running"), ("oracle_", "oracle length")):
+        if prefix + "fraction" not in table:
+            continue
+        cols = ["generalize", "fraction", "low", "high", "boot_low", "boot_high"]
+        part = table[["point", "runs", *[prefix + c for c in cols]]].rename(columns={prefix + c: c for c in cols})
+        parts.append(part.assign(decoding=decoding))
+    return pd.concat(parts, ignore_index=True)[list(SHARE_ROWS)]
+
+
+def share_chart(store: Any, rows: pd.DataFrame) -> Any:
+    """The share of runs that length-generalize per grid point and decoding (:func:`share_rows`):
+    a dot, its Wilson 95% interval (thick) and its bootstrap 95% interval (thin)."""
+    import altair as alt
+
+    base = alt.Chart(store.add(rows)).encode(
+        y=alt.Y("point:N", title=None), yOffset=alt.YOffset("decoding:N"),
+        color=alt.Color("decoding:N", title="decoding"),
+    )  # fmt: skip
+    x = alt.X("fraction:Q", title="share of runs that length-generalize", scale=alt.Scale(domain=[0, 1]))
+    tips = [alt.Tooltip(c) for c in ("point:N", "decoding:N", "runs:Q", "generalize:Q")] + [
+        alt.Tooltip(f"{c}:Q", format=".2f") for c in ("fraction", "low", "high", "boot_low", "boot_high")]  # fmt: skip
+    wilson = base.mark_rule(strokeWidth=4, opacity=0.35).encode(x=alt.X("low:Q"), x2="high:Q")
+    boot = base.mark_rule(strokeWidth=1).encode(x=alt.X("boot_low:Q"), x2="boot_high:Q")
+    dot = base.mark_point(filled=True, size=60).encode(x=x, tooltip=tips)
+    head = alt.TitleParams("Runs that length-generalize",
+                           subtitle=["dot: share of runs; thick: Wilson 95%; thin: bootstrap 95% (seeds and "
+                                     "each seed's test examples resampled)"])  # fmt: skip
+    return alt.layer(wilson, boot, dot).properties(width=520, title=head)
 
 
 def by_length_chart(

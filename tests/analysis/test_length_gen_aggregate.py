@@ -13,7 +13,7 @@ import pytest
 
 from analysis.aggregates import KINDS, parse_aggregates
 from analysis.errors import AnalysisError
-from analysis.length_gen import LengthGeneralization, band_values, by_length, generalization_table
+from analysis.length_gen import LengthGeneralization, band_values, by_length, generalization_table, share_rows
 
 BAND = ["len_3", "len_4"]
 
@@ -126,9 +126,15 @@ def test_the_kind_computes_free_running_and_oracle_fractions_and_draws_them(tmp_
     assert (q["runs"], q["fraction"], q["oracle_fraction"]) == (1, 1.0, 1.0)
     assert set(res.detail["metric"]) == {"exact", "oracle_exact"} and set(res.detail["seed"]) == {0, 1, 2}
     panels = d.panels(res, charts.ChartData(), pd.DataFrame(), multi=True)
-    assert [name for name, _, _ in panels] == ["length-generalization-exact", "length-generalization-oracle_exact"]
+    assert [name for name, _, _ in panels] == ["length-generalization-share", "length-generalization-exact",
+                                               "length-generalization-oracle_exact"]  # fmt: skip
     for _, chart, _ in panels:
         assert chart.to_dict()["layer"]  # a valid Vega-Lite spec with its layers
+    rows = share_rows(res.table).set_index(["point", "decoding"])
+    assert rows.loc[("P", "free-running"), ["runs", "generalize"]].tolist() == [3, 2]
+    assert rows.loc[("P", "oracle length"), "fraction"] == pytest.approx(2 / 3)
+    assert rows.loc[("P", "oracle length"), "low"] == pytest.approx(p["oracle_low"])
+    assert len(rows) == 4  # 2 points x 2 decodings
     ctx = _Ctx(_evals(oracle=False))
     res = d.compute(ctx, pd.DataFrame())  # type: ignore[arg-type]
     assert "oracle_fraction" not in res.table and any("no oracle_exact" in n for n in ctx.notes)
