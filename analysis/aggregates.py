@@ -220,11 +220,14 @@ class AggregateResult:
     table: pd.DataFrame
     detail: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Per-run (best_k) or per-checkpoint (checkpoint_regression) rows for the charts."""
+    more: tuple[tuple[str, pd.DataFrame], ...] = ()
+    """Further (title, table) pairs printed under the table (length_generalization: its seed
+    sources)."""
 
     def as_json(self) -> dict[str, Any]:
-        """``{kind, title, declaration, rows}`` (rows JSON-safe: NaN -> None)."""
-        return {"kind": self.decl.kind, "title": self.title,
-                "declaration": self.decl.declaration(), "rows": records(self.table)}  # fmt: skip
+        """``{kind, title, declaration, rows, more: [{title, rows}]}`` (rows JSON-safe: NaN -> None)."""
+        return {"kind": self.decl.kind, "title": self.title, "declaration": self.decl.declaration(),
+                "rows": records(self.table), "more": [{"title": t, "rows": records(m)} for t, m in self.more]}  # fmt: skip
 
 
 Panels = list[tuple[str, Any, bool]]
@@ -566,9 +569,15 @@ def aggregates_text(agg: StudyAggregates, text_table: TextTable) -> list[str]:
     """The aggregates as text lines for ``study analyze`` (columns all NaN left out)."""
     lines: list[str] = []
     for r in agg.results:
-        t = r.table.loc[:, [c for c in r.table.columns if not r.table[c].isna().all()]]
-        lines += ["", f"Declared aggregate ({r.decl.kind}): {r.title}", text_table(t)]
+        lines += ["", f"Declared aggregate ({r.decl.kind}): {r.title}", text_table(_shown(r.table))]
+        for title, table in r.more:
+            lines += [title, text_table(_shown(table))]
     return lines
+
+
+def _shown(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without its all-NaN columns."""
+    return table.loc[:, [c for c in table.columns if not table[c].isna().all()]]
 
 
 # more kinds, registered on import (kept in their own modules)

@@ -67,6 +67,10 @@ class StudyContext:
             self._logged = {(r[0], r[1]) for r in rows}
         return (axis.split, axis.metric) in self._logged
 
+    def run_seeds(self) -> pd.DataFrame:
+        """The study's committed runs with every seed source (:func:`analysis.queries.run_seeds`)."""
+        return q.run_seeds(self.con, self.name)
+
     def close(self) -> None:
         self.con.close()
 

@@ -14,6 +14,9 @@ with a Wilson 95% interval and a bootstrap 95% interval (seeds resampled, and ea
 band value redrawn from its ``band_examples`` test examples: :func:`analysis.intervals.share_interval`),
 and which seeds do (:func:`generalization_table`); the same for
 ``oracle_metric`` (greedy generation of exactly the answer's length) where the study has it.
+Where configs varied seed sources one at a time (``seeds.vary: [[init], [order]]``), a second
+table gives each source's share of the seed variance of the band value and of whether a run
+generalizes (:func:`generalization_sources`).
 The charts draw the share that generalizes per grid point with both intervals, and
 ``metric`` (and the oracle's) by test length, one line per run and the mean per grid
 point, with the level and the longest training length ``train_max`` marked.
@@ -30,6 +33,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from analysis import intervals as iv
+from analysis import verdict as vd
 from analysis.aggregates import Aggregate, AggregateResult, Panels, _fail, _ok, register
 from analysis.context import StudyContext
 from analysis.manifest import Axis
@@ -77,6 +81,31 @@ def generalization_table(runs: pd.DataFrame, level: float, examples: int | None 
                      float(sub["value"].max()), int(good.sum()), ci.estimate, ci.low, ci.high,
                      boot.low, boot.high, seeds))  # fmt: skip
     return pd.DataFrame(rows, columns=list(GENERALIZATION_COLUMNS))
+
+
+def generalization_sources(
+    bands: dict[str, pd.DataFrame], level: float, runs: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Each seed source's share of the seed variance of the band value and of whether a run
+    length-generalizes, where configs varied one seed source each.
+
+    ``bands``: per metric (decoding), its :func:`band_values` rows; ``runs``: one row per
+    run with trial_id, seed and the seed-source columns (:func:`analysis.queries.run_seeds`).
+    Per metric two outcomes: ``<metric>`` (the band value) and ``<metric> >= <level>`` (0/1);
+    the rows and columns of :func:`analysis.verdict.outcome_sources` (empty when fewer than
+    two sources were varied alone, outcomes without seed variance left out).
+    """
+    outcomes: pd.DataFrame | None = None
+    names: list[str] = []
+    for metric, b in bands.items():
+        reached = f"{metric} >= {level:g}"
+        o = b[["trial_id", "seed"]].assign(**{metric: b["value"],
+                                              reached: (b["value"] >= level - iv.LEVEL_TOLERANCE).astype(float)})  # fmt: skip
+        outcomes = o if outcomes is None else outcomes.merge(o, on=["trial_id", "seed"], how="outer")
+        names += [metric, reached]
+    if outcomes is None:
+        return pd.DataFrame()
+    return vd.outcome_sources(outcomes, names, runs, n_boot=n_boot, seed=seed)
 
 
 def by_length(values: pd.DataFrame, lengths: dict[str, int]) -> pd.DataFrame:
@@ -159,9 +188,9 @@ class LengthGeneralization(Aggregate):
         ok = _ok(ctx)
         table: pd.DataFrame | None = None
         decodings = self.decodings(ctx)
+        bands = {metric: band_values(ok[ok["metric"] == metric], self.band) for _, metric in decodings}
         for prefix, metric in decodings:
-            t = generalization_table(band_values(ok[ok["metric"] == metric], self.band), self.level,
-                                     self.band_examples)  # fmt: skip
+            t = generalization_table(bands[metric], self.level, self.band_examples)
             t = t.rename(columns={c: prefix + c for c in t.columns if c not in ("point", "runs")})
             table = t if table is None else table.merge(t, on=["point", "runs"], how="outer", sort=False)
         assert table is not None
@@ -175,7 +204,13 @@ class LengthGeneralization(Aggregate):
         title = (f"Runs that length-generalize: mean {self.metric}{oracle} over {self.band[0]}..{self.band[-1]} "
                  f">= {self.level:g}, per grid point; low/high: Wilson 95%; boot_low/boot_high: bootstrap 95% "
                  f"(seeds and each seed's test examples resampled); seeds: which")  # fmt: skip
-        return AggregateResult(self, title, table.reset_index(drop=True), detail)
+        sources = generalization_sources(bands, self.level, ctx.run_seeds())
+        more = () if sources.empty else ((
+            f"Seed sources of length generalization, where configs varied one at a time: each source's share "
+            f"of the seed variance of the band value (mean over {self.band[0]}..{self.band[-1]}) and of whether "
+            f"a run reaches {self.level:g} (0/1); 95% percentile bootstrap, runs resampled within each config",
+            sources),)  # fmt: skip
+        return AggregateResult(self, title, table.reset_index(drop=True), detail, more)
 
     def panels(
         self, result: AggregateResult, store: Any, baselines: pd.DataFrame, *, multi: bool

@@ -91,7 +91,7 @@ class Panel:
 
 
 def _ok_runs(ctx: StudyContext) -> set[tuple[str, int]]:
-    runs = q.run_seeds(ctx.con, ctx.name)
+    runs = ctx.run_seeds()
     ok = runs[runs["status"].fillna("ok") == "ok"]
     return set(zip(ok["trial_id"], ok["seed"].astype(int), strict=True))
 

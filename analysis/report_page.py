@@ -199,8 +199,9 @@ def aggregates_html(results: Sequence[AggregateResult]) -> str:
         return ""
     parts = ["<section id='aggregates'><h2>Declared by the task</h2>"]
     for r in results:
-        cols = [(c, c) for c in r.table.columns if not r.table[c].isna().all()]
-        parts.append(f"<p>{html.escape(r.title)}:</p>" + _html_table(r.table, cols))
+        for title, table in ((r.title, r.table), *r.more):
+            cols = [(c, c) for c in table.columns if not table[c].isna().all()]
+            parts.append(f"<p>{html.escape(title)}:</p>" + _html_table(table, cols))
     return "".join(parts) + "</section>"
 
 

@@ -35,7 +35,6 @@ import pandas as pd
 
 from analysis import intervals as iv
 from analysis import multiboot as mb
-from analysis import queries as q
 from analysis import seedcount as sc
 from analysis import survival as sv
 from analysis import verdict as vd
@@ -119,7 +118,7 @@ def run_budgets(ctx: StudyContext, unit: str) -> pd.DataFrame:
     trial's resolved config (``train.max_epochs`` or ``max_steps``; ``selection.early_stop``
     with a mode other than ``last``). Columns point, trial_id, seed, status, budget,
     early_stop."""
-    runs = q.run_seeds(ctx.con, ctx.name)
+    runs = ctx.run_seeds()
     configs = ctx.con.execute(
         "SELECT trial_id, any_value(config_json) FROM trials WHERE study = ? GROUP BY trial_id",
         [ctx.name],
@@ -165,17 +164,8 @@ def event_sources(
     it happened). Columns: of, then :func:`analysis.verdict.source_shares`'s. Empty when
     fewer than two sources were varied alone.
     """
-    r = sv.restricted_times(outcomes)
-    parts = []
-    for of in ("time", "reached"):
-        vals = vd.runs_with_seeds(r[["trial_id", "seed"]].assign(value=r[of]), runs)
-        shares = vd.source_shares(vals, level=level, n_boot=n_boot, seed=seed)
-        if not shares.empty and shares["var"].sum() > 0:  # no seed variance: nothing to split
-            parts.append(shares.assign(of=of))
-    if not parts:
-        return pd.DataFrame()
-    out = pd.concat(parts, ignore_index=True)
-    return out[["of", *[c for c in out.columns if c != "of"]]]
+    return vd.outcome_sources(sv.restricted_times(outcomes), ("time", "reached"), runs, level=level,
+                              n_boot=n_boot, seed=seed)  # fmt: skip
 
 
 def study_events(
@@ -183,7 +173,7 @@ def study_events(
 ) -> list[EventResult]:
     """Each event's time-to-event analysis (see the module docstring)."""
     out = []
-    runs = q.run_seeds(ctx.con, ctx.name)
+    runs = ctx.run_seeds()
     points = list(dict.fromkeys(ctx.labels.get(t, t) for t in runs["trial_id"]))
     for e in events:
         curves, unit = event_curves(ctx, e)
@@ -336,7 +326,7 @@ def prediction_tables(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[st
 
 
 def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
-    runs = q.run_seeds(ctx.con, ctx.name)
+    runs = ctx.run_seeds()
     out: dict[str, dict[int, tuple[Any, ...]]] = {}
     for r in runs.itertuples(index=False):
         point = ctx.labels.get(r.trial_id, r.trial_id)

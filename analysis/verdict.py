@@ -26,6 +26,7 @@ Sections (see docs/analysis.md for the JSON schema):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +198,32 @@ def source_shares(
                          "share": est, "low": lows, "high": highs, "warn": warn})  # fmt: skip
 
 
+def outcome_sources(
+    outcomes: pd.DataFrame, of: Sequence[str], runs: pd.DataFrame, *, level: float = 0.95,
+    n_boot: int = 2000, seed: int = 0,
+) -> pd.DataFrame:
+    """Each seed source's share of the seed variance of several per-run outcomes, where
+    configs varied one source each (:func:`source_shares` per outcome).
+
+    ``outcomes``: one row per run, columns trial_id, seed and each name in ``of``; ``runs``:
+    one row per run with trial_id, seed and the seed-source columns
+    (:func:`analysis.queries.run_seeds`). Rows per (outcome, source) for each outcome with
+    seed variance, in ``of``'s order: column ``of`` (the outcome's name), then
+    :func:`source_shares`'s. Empty when fewer than two sources were varied alone or no
+    outcome varies between seeds.
+    """
+    parts = []
+    for name in of:
+        vals = runs_with_seeds(outcomes[["trial_id", "seed"]].assign(value=outcomes[name].astype(float)), runs)
+        shares = source_shares(vals, level=level, n_boot=n_boot, seed=seed)
+        if not shares.empty and shares["var"].sum() > 0:  # no seed variance: nothing to split
+            parts.append(shares.assign(of=name))
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True)
+    return out[["of", *[c for c in out.columns if c != "of"]]]
+
+
 def excluded_runs(runs: pd.DataFrame, labels: dict[str, str] | None = None) -> pd.DataFrame:
     """Committed runs per config by status, with the share not ``ok`` (Wilson interval).
 
@@ -335,7 +362,7 @@ def study_verdict(ctx: Any, *, level: float = 0.95, n_boot: int = 2000, seed: in
     metric = ctx.primary
     splits = verdict_splits(ctx.splits, ctx.roles, ctx.test_splits)
     hib = q.higher_is_better(metric) if metric else True
-    runs = q.run_seeds(ctx.con, ctx.name)
+    runs = ctx.run_seeds()
     excluded = excluded_runs(runs, ctx.labels)
     e = ctx.evals
     ok = e[e["status"].fillna("ok") == "ok"]

@@ -8,12 +8,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.aggregates import KINDS, parse_aggregates
 from analysis.errors import AnalysisError
-from analysis.length_gen import LengthGeneralization, band_values, by_length, generalization_table, share_rows
+from analysis.length_gen import (
+    LengthGeneralization,
+    band_values,
+    by_length,
+    generalization_sources,
+    generalization_table,
+    share_rows,
+)
 
 BAND = ["len_3", "len_4"]
 
@@ -89,8 +97,13 @@ def test_malformed_declarations_name_the_key(change: dict[str, Any], where: str)
 class _Ctx:
     """What the kind reads of a study: its evals, notes and ``has``."""
 
-    def __init__(self, evals: pd.DataFrame) -> None:
-        self.evals, self.notes = evals, []
+    def __init__(self, evals: pd.DataFrame, seeds: pd.DataFrame | None = None) -> None:
+        self.evals, self.notes, self.seeds = evals, [], seeds
+
+    def run_seeds(self) -> pd.DataFrame:
+        e = self.evals.drop_duplicates(["trial_id", "seed"])[["trial_id", "seed"]]
+        return self.seeds if self.seeds is not None else e.assign(init_seed=e["seed"], order_seed=e["seed"],
+                                                                   dropout_seed=0, data_seed=0)  # fmt: skip
 
     def has(self, axis: Any, table: str = "evals") -> bool:
         e = self.evals
@@ -138,3 +151,46 @@ def test_the_kind_computes_free_running_and_oracle_fractions_and_draws_them(tmp_
     ctx = _Ctx(_evals(oracle=False))
     res = d.compute(ctx, pd.DataFrame())  # type: ignore[arg-type]
     assert "oracle_fraction" not in res.table and any("no oracle_exact" in n for n in ctx.notes)
+    assert res.more == ()  # init and order varied together: no seed sources to split
+
+
+def _source_runs(trial: str, source: str, seeds: range) -> pd.DataFrame:
+    """Runs of config ``trial`` varying one seed source (the others fixed)."""
+    fixed = {"init_seed": 7, "order_seed": 8, "dropout_seed": 0, "data_seed": 0}
+    return pd.DataFrame([{"trial_id": trial, "seed": s, **fixed, source: 100 + s} for s in seeds])
+
+
+def test_generalization_sources_split_the_band_value_and_the_indicator_by_hand() -> None:
+    # config i varies the init seed: band values 1.0, 0.8, 1.0, 0.8 (two of four reach 0.9);
+    # config o varies the order seed: 0.95, 0.95, 0.93, 0.93 (all reach it)
+    band = pd.DataFrame({"point": ["I"] * 4 + ["O"] * 4, "trial_id": ["i"] * 4 + ["o"] * 4,
+                         "seed": [0, 1, 2, 3] * 2, "value": [1.0, 0.8, 1.0, 0.8, 0.95, 0.95, 0.93, 0.93]})  # fmt: skip
+    runs = pd.concat([_source_runs("i", "init_seed", range(4)), _source_runs("o", "order_seed", range(4))])
+    src = generalization_sources({"oracle_exact": band}, 0.9, runs, n_boot=400).set_index(["of", "source"])
+    v_init, v_order = np.var([1.0, 0.8, 1.0, 0.8], ddof=1), np.var([0.95, 0.95, 0.93, 0.93], ddof=1)
+    assert src.loc[("oracle_exact", "init"), "share"] == pytest.approx(v_init / (v_init + v_order))
+    assert src.loc[("oracle_exact", "order"), "var"] == pytest.approx(v_order)
+    # whether it generalizes: 1, 0, 1, 0 under init (variance 1/3), always 1 under order (0)
+    assert src.loc[("oracle_exact >= 0.9", "init"), ["var", "share"]].tolist() == [pytest.approx(1 / 3), 1.0]
+    assert (src["low"] <= src["share"] + 1e-12).all() and (src["share"] <= src["high"] + 1e-12).all()
+    # one source varied alone: nothing to split
+    assert generalization_sources({"exact": band[band["trial_id"] == "i"]}, 0.9, runs).empty
+
+
+def test_the_kind_prints_seed_sources_where_configs_varied_one_each() -> None:
+    (d,) = parse_aggregates([DECL])
+    seeds = pd.concat([_source_runs("p", "init_seed", range(4)), _source_runs("q", "order_seed", range(1))])
+    evals = _evals(oracle=True)
+    # Q gets three more order seeds, band exact 1.0, 1.0, 0.0 (seed 3 diverged in P only)
+    more = evals[(evals["point"] == "Q")].copy()
+    extra = [more.assign(seed=s, value=more["value"] * v) for s, v in ((1, 1.0), (2, 1.0), (3, 0.0))]
+    ctx = _Ctx(pd.concat([evals, *extra], ignore_index=True),
+               pd.concat([seeds, _source_runs("q", "order_seed", range(1, 4))]))  # fmt: skip
+    res = d.compute(ctx, pd.DataFrame())  # type: ignore[arg-type]
+    ((title, table),) = res.more
+    assert "Seed sources" in title and set(table["source"]) == {"init", "order"}
+    # P (init, seeds 0-2 ok): band exact 1, 0.75, 0 -> var 0.2917; Q (order): 1, 1, 1, 0 -> 0.25
+    t = table.set_index(["of", "source"])
+    assert t.loc[("exact", "init"), "var"] == pytest.approx(np.var([1, 0.75, 0], ddof=1))
+    assert t.loc[("exact", "order"), "var"] == pytest.approx(0.25)
+    assert res.as_json()["more"][0]["title"] == title
