@@ -47,6 +47,7 @@ from analysis.errors import AnalysisError
 from analysis.formatting import records
 from analysis.manifest import Axis
 from analysis.manifest import _axis as parse_axis
+from analysis.verdict import pct
 
 MODES = ("min", "max")
 """Ranking directions of a run subset: keep the lowest (``min``) or highest values."""
@@ -576,8 +577,13 @@ def aggregates_text(agg: StudyAggregates, text_table: TextTable) -> list[str]:
 
 
 def _shown(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` without its all-NaN columns."""
-    return table.loc[:, [c for c in table.columns if not table[c].isna().all()]]
+    """``table`` without its all-NaN columns; a share with its interval (columns share,
+    low, high) as one percent cell, ``48% [35, 56]``."""
+    t = table.loc[:, [c for c in table.columns if not table[c].isna().all()]]
+    if {"share", "low", "high"} <= set(t.columns):
+        cells = [f"{pct(a)}% [{pct(lo)}, {pct(hi)}]" for a, lo, hi in t[["share", "low", "high"]].to_numpy()]
+        t = t.drop(columns=["low", "high"]).assign(share=cells)
+    return t
 
 
 # more kinds, registered on import (kept in their own modules)

@@ -159,13 +159,13 @@ def source_shares(
     variance (sample variance across its seeds; configs varying the same source are
     pooled by averaging). share = var(source) / sum of the sources' variances, with a
     percentile bootstrap interval resampling runs within each config (scipy; a resample
-    without any variance counts as an even split). Empty
-    unless at least two different sources were varied alone. Columns: source, configs,
-    runs, var, share, low, high, warn.
+    without any variance counts as an even split). Empty unless at least two different
+    sources were varied alone, and when no source moves the value (every variance 0: there
+    is nothing to split). Columns: source, configs, runs, var, share, low, high, warn.
     """
     src = stats.source_variance_shares(values, group="trial_id")
     single = src[~src["varied"].str.contains(r"\+|none", regex=True) & src["var"].notna()]
-    if single["varied"].nunique() < 2:
+    if single["varied"].nunique() < 2 or not (single["var"] > 0).any():
         return pd.DataFrame()
     names = sorted(single["varied"].unique())
     samples = tuple(
@@ -216,7 +216,7 @@ def outcome_sources(
     for name in of:
         vals = runs_with_seeds(outcomes[["trial_id", "seed"]].assign(value=outcomes[name].astype(float)), runs)
         shares = source_shares(vals, level=level, n_boot=n_boot, seed=seed)
-        if not shares.empty and shares["var"].sum() > 0:  # no seed variance: nothing to split
+        if not shares.empty:
             parts.append(shares.assign(of=name))
     if not parts:
         return pd.DataFrame()

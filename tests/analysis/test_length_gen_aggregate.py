@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.aggregates import KINDS, parse_aggregates
+from analysis.aggregates import KINDS, StudyAggregates, aggregates_text, parse_aggregates
 from analysis.errors import AnalysisError
 from analysis.length_gen import (
     LengthGeneralization,
@@ -194,3 +194,7 @@ def test_the_kind_prints_seed_sources_where_configs_varied_one_each() -> None:
     assert t.loc[("exact", "init"), "var"] == pytest.approx(np.var([1, 0.75, 0], ddof=1))
     assert t.loc[("exact", "order"), "var"] == pytest.approx(0.25)
     assert res.as_json()["more"][0]["title"] == title
+    # the text output gives each share with its interval as one percent cell
+    text = "\n".join(aggregates_text(StudyAggregates([res], pd.DataFrame()), lambda t: t.to_string()))
+    share = t.loc[("exact", "init")]
+    assert f"{100 * share['share']:.0f}% [{100 * share['low']:.0f}, {100 * share['high']:.0f}]" in text

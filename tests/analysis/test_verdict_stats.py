@@ -197,6 +197,8 @@ def test_source_shares_by_hand() -> None:
     assert ((s["low"] >= 0) & (s["high"] <= 1)).all()
     together = runs.assign(order_seed=runs["init_seed"] + 10, init_seed=runs["init_seed"])
     assert source_shares(together.assign(init_seed=[1, 2, 3, 4, 5, 6])).empty
+    # every run alike (len_10 exact 1 everywhere): no variance to split, not an even 50/50
+    assert source_shares(runs.assign(value=1.0)).empty
 
 
 def test_excluded_runs_count_not_learned_apart() -> None:
