@@ -104,9 +104,11 @@ def local_study(tmp_path: Path, ship: bool) -> tuple[Path, Path]:
     shutil.copy(LOCAL_PLUGIN, home / LOCAL_PLUGIN.name)
     cfg = {
         "name": "blobs", "plugins": ["blobs_task"],
-        "task": {"name": "blobs", "n": 3000}, "model": {"name": "mlp", "hidden": [16]},
-        # ~6 s a trial: longer than a worker node's actor takes to start, so the head cannot
-        # finish the first trial and take the second (actors are reused) before the worker is up
+        # the two runs meet before training (task.rendezvous), so the head cannot finish the
+        # first and take the second (actors are reused) before the worker node's actor is up:
+        # a run time longer than that start-up (12 epochs, ~6 s) lost the race under load
+        "task": {"name": "blobs", "n": 3000, "rendezvous": str(tmp_path / "meet")},
+        "model": {"name": "mlp", "hidden": [16]},
         "train": {"lr": 0.01, "batch_size": 8, "max_epochs": 12},
         "seeds": {"count": 2}, "execution": {"bundle_size": 1, "ship_plugins": ship, "max_failures": 0},
     }
@@ -121,6 +123,7 @@ def test_a_local_plugin_module_is_shipped_to_every_worker(cluster: Cluster, tmp_
     assert f"plugins shipped to the Ray workers: blobs_task ({path.parent / 'blobs_task.py'})" in res.stderr
     runs = sql(cluster, cwd, out, "SELECT seed, node FROM runs WHERE study = 'blobs'")
     assert sorted(r["seed"] for r in runs) == [0, 1]
+    assert len(list((tmp_path / "meet").iterdir())) == 2  # the two runs' builds met (none in the driver)
     assert {r["node"] for r in runs} == {cluster.head.node_id, cluster.workers[0].node_id}, "both nodes trained"
 
 

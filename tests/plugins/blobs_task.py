@@ -7,14 +7,18 @@ it only if fineline ships it with the job.
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
 
 from trainables.configbase import FrozenConfig
-from trainables.data import Arrays, Split, TaskData
+from trainables.data import Arrays, Role, Split, TaskData
 from trainables.registry import TASKS
 from trainables.tasks.base import Task
 
@@ -26,6 +30,13 @@ class BlobsConfig(FrozenConfig):
     """Examples per split."""
     shift: float = 1.5
     """How far the val_ood and test_ood blobs sit from the training ones."""
+    rendezvous: str | None = None
+    """A folder shared by the runs (the cluster tests'): each build drops a file there and
+    waits, up to two minutes, until ``rendezvous_runs`` builds have, so concurrent runs
+    really overlap whatever the machine's load (a run that ends first lets its reused actor
+    take the next trial). None: no waiting."""
+    rendezvous_runs: int = Field(2, ge=1)
+    """How many builds meet at ``rendezvous``."""
 
 
 def _blobs(rng: np.random.Generator, n: int, offset: float) -> Arrays:
@@ -33,6 +44,19 @@ def _blobs(rng: np.random.Generator, n: int, offset: float) -> Arrays:
     centre = np.where(y[:, None] == 1, 1.0 + offset, -1.0 - offset) * np.array([1.0, 0.5])
     x = centre + rng.normal(0.0, 0.7, (n, 2))  # (n, 2)
     return Arrays(x=x.astype(np.float32), y=y.astype(np.int64), ids=np.arange(n))
+
+
+ROLES: dict[str, Role] = {"train": "train", "val": "val", "val_ood": "val_ood", "test": "test", "test_ood": "test"}
+"""Each split's role, in build order."""
+
+
+def _meet(folder: Path, runs: int, timeout: float = 120.0) -> None:
+    """Drop this process's file in ``folder``; wait until ``runs`` files are there (or ``timeout``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{socket.gethostname()}-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(folder.iterdir())) < runs and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @TASKS.register
@@ -50,14 +74,19 @@ class Blobs(Task):
     config: BlobsConfig
 
     def build(self, data_seed: int) -> TaskData:
+        if self.config.rendezvous is not None:
+            _meet(Path(self.config.rendezvous), self.config.rendezvous_runs)
         rng = np.random.default_rng(data_seed)
-        n, s = self.config.n, self.config.shift
-        parts = [("train", "train", 0.0), ("val", "val", 0.0), ("val_ood", "val_ood", s),
-                 ("test", "test", 0.0), ("test_ood", "test", -0.8)]
+        n, shift = self.config.n, self.config.shift
+        offsets = {"train": 0.0, "val": 0.0, "val_ood": shift, "test": 0.0, "test_ood": -0.8}
         return TaskData(
-            {name: Split(name, role, _blobs(rng, n, off)) for name, role, off in parts},  # type: ignore[arg-type]
+            {name: Split(name, role, _blobs(rng, n, offsets[name])) for name, role in ROLES.items()},
             {"input_shape": (2,), "n_classes": 2},
         )
+
+    def split_roles(self) -> dict[str, Role]:
+        """Without building (the driver asks; a build would join the rendezvous)."""
+        return dict(ROLES)
 
     def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
         predicted = np.array([int(np.argmax(p)) for p in predictions])
