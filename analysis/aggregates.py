@@ -47,7 +47,7 @@ from analysis.errors import AnalysisError
 from analysis.formatting import records
 from analysis.manifest import Axis
 from analysis.manifest import _axis as parse_axis
-from analysis.verdict import pct
+from analysis.verdict import pct_interval
 
 MODES = ("min", "max")
 """Ranking directions of a run subset: keep the lowest (``min``) or highest values."""
@@ -581,7 +581,7 @@ def _shown(table: pd.DataFrame) -> pd.DataFrame:
     low, high) as one percent cell, ``48% [35, 56]``."""
     t = table.loc[:, [c for c in table.columns if not table[c].isna().all()]]
     if {"share", "low", "high"} <= set(t.columns):
-        cells = [f"{pct(a)}% [{pct(lo)}, {pct(hi)}]" for a, lo, hi in t[["share", "low", "high"]].to_numpy()]
+        cells = [pct_interval(a, lo, hi) for a, lo, hi in t[["share", "low", "high"]].to_numpy()]
         t = t.drop(columns=["low", "high"]).assign(share=cells)
     return t
 

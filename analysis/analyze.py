@@ -176,7 +176,7 @@ def verdict_text(v: vd.Verdict) -> list[str]:
             between=v.shares["between"].map(_pct_cell),
             interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(v.shares["low"], v.shares["high"], strict=True)],
             seeds_share=v.shares["seeds_share"].map(_pct_cell),
-            icc1=[f"{vd.pct(a)}% [{vd.pct(b)}, {vd.pct(c)}]" for a, b, c in zip(v.shares["icc1"], v.shares["icc1_low"], v.shares["icc1_high"], strict=True)],
+            icc1=[vd.pct_interval(a, b, c) for a, b, c in zip(v.shares["icc1"], v.shares["icc1_low"], v.shares["icc1_high"], strict=True)],
         )[["split", "configs", "runs", "seeds_min", "between", "interval", "seeds_share", "icc1", "F", "p", "warn"]]  # fmt: skip
         title = f"Share of {v.metric} variance between configs (omega^2, 95% noncentral-F interval)"
         lines += ["", title, text_table(t)]

@@ -133,10 +133,6 @@ def _html_table(df: Any, cols: list[tuple[str, str]], cls: str = "verdict") -> s
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
-def _share_text(a: float, lo: float, hi: float) -> str:
-    return f"{vd.pct(a)}% [{vd.pct(lo)}, {vd.pct(hi)}]"
-
-
 def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
     """The verdict section at the top of the report (id ``verdict``)."""
     parts = ["<section id='verdict'><h2>Verdict: does the config or the seed decide?</h2>"]
@@ -147,8 +143,8 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
         parts.append(f"<p class='hint'>Model: {html.escape(v.reason)}.</p>")
     if not v.shares.empty:
         t = v.shares.assign(
-            share=[_share_text(a, b, c) for a, b, c in v.shares[["between", "low", "high"]].to_numpy()],
-            icc=[_share_text(a, b, c) for a, b, c in v.shares[["icc1", "icc1_low", "icc1_high"]].to_numpy()],
+            share=[vd.pct_interval(a, b, c) for a, b, c in v.shares[["between", "low", "high"]].to_numpy()],
+            icc=[vd.pct_interval(a, b, c) for a, b, c in v.shares[["icc1", "icc1_low", "icc1_high"]].to_numpy()],
             seeds=v.shares["seeds_share"].map(lambda x: f"{vd.pct(x)}%"),
         )  # fmt: skip
         parts.append(_html_table(t, [("split", "split"), ("configs", "configs"), ("seeds_min", "seeds (fewest)"),
@@ -157,7 +153,7 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
     if not v.sources.empty:
         t = v.sources.assign(
             share=[
-                _share_text(a, b, c) for a, b, c in v.sources[["share", "low", "high"]].to_numpy()
+                vd.pct_interval(a, b, c) for a, b, c in v.sources[["share", "low", "high"]].to_numpy()
             ]
         )
         parts.append("<p>Seed variance by seed source (configs that varied one source each):</p>")
@@ -183,7 +179,7 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
     if not ex.empty and (ex["ok"] < ex["runs"]).any():
         t = ex.assign(
             share=[
-                _share_text(a, b, c) for a, b, c in ex[["excluded_share", "low", "high"]].to_numpy()
+                vd.pct_interval(a, b, c) for a, b, c in ex[["excluded_share", "low", "high"]].to_numpy()
             ]
         )
         parts.append("<p>Runs left out of every number (share with 95% Wilson interval):</p>")

@@ -162,7 +162,7 @@ def event_sources(
     restricted time to the event, :func:`analysis.survival.restricted_times`: censored runs
     at their censoring time, so "never" and "late" both count) and ``reached`` (0/1: whether
     it happened). Columns: of, then :func:`analysis.verdict.source_shares`'s. Empty when
-    fewer than two sources were varied alone.
+    fewer than two sources were varied alone or the event has no seed variance.
     """
     return vd.outcome_sources(sv.restricted_times(outcomes), ("time", "reached"), runs, level=level,
                               n_boot=n_boot, seed=seed)  # fmt: skip
@@ -460,10 +460,6 @@ def _ci(a: float, lo: float, hi: float, digits: str = ".3g") -> str:
     return f"{f(a)} [{f(lo)}, {f(hi)}]"
 
 
-def _pct(a: float, lo: float, hi: float) -> str:
-    return f"{vd.pct(a)}% [{vd.pct(lo)}, {vd.pct(hi)}]"
-
-
 TextTable = Callable[[pd.DataFrame], str]
 
 
@@ -474,7 +470,7 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
         s = r.summary
         t = s.assign(
             median=[_ci(a, b, c, "g") for a, b, c in zip(s["median"], s["median_low"], s["median_high"], strict=True)],
-            reached=[_pct(a, b, c) for a, b, c in zip(s["reached"], s["reached_low"], s["reached_high"], strict=True)],
+            reached=[vd.pct_interval(a, b, c) for a, b, c in zip(s["reached"], s["reached_low"], s["reached_high"], strict=True)],
             reached_all=s["reached_all"].map(lambda v: f"{vd.pct(v)}%"),
         )[["point", "runs", "events", "censored_budget", "censored_early_stop", "censored_other",
            "diverged", "budget", "median", "reached", "reached_all", "warn"]]  # fmt: skip
@@ -494,7 +490,7 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
             lines += [f"Share reached by each {r.unit}" + (f" - point {p}" if len(r.summary) > 1 else ""),
                       text_table(k, max_rows=40)]  # fmt: skip
         if not r.sources.empty:
-            src = r.sources.assign(share=[_pct(a, b, c) for a, b, c in zip(r.sources["share"], r.sources["low"], r.sources["high"], strict=True)])
+            src = r.sources.assign(share=[vd.pct_interval(a, b, c) for a, b, c in zip(r.sources["share"], r.sources["low"], r.sources["high"], strict=True)])
             lines += [f"Seed sources of {r.event.label}, varied one at a time: each source's share of the seed "
                       f"variance of the time ({r.unit}s; censored runs at their censoring time) and of whether it "
                       "happened (95% percentile bootstrap, runs resampled within each config)",

@@ -84,6 +84,11 @@ def pct(v: float) -> str:
     return "?" if v is None or not np.isfinite(v) else f"{100 * v:.0f}"
 
 
+def pct_interval(a: float, lo: float, hi: float) -> str:
+    """A share with its interval in whole percents: ``48% [35, 56]``."""
+    return f"{pct(a)}% [{pct(lo)}, {pct(hi)}]"
+
+
 def grid_shares(values: pd.DataFrame, splits: list[str], *, level: float = 0.95) -> pd.DataFrame:
     """Per split: the between-config share (fixed effects) and ICC(1) (random) with intervals.
 
@@ -416,7 +421,7 @@ def study_verdict(ctx: Any, *, level: float = 0.95, n_boot: int = 2000, seed: in
 def sources_sentence(sources: pd.DataFrame, metric: str, split: str) -> str:
     """The quotable line of a seed-source split: each source's share of the seed variance."""
     parts = ", ".join(
-        f"{r['source']} {pct(r['share'])}% [{pct(r['low'])}, {pct(r['high'])}]"
+        f"{r['source']} {pct_interval(r['share'], r['low'], r['high'])}"
         for _, r in sources.iterrows()
     )
     return (

@@ -31,12 +31,10 @@ class BlobsConfig(FrozenConfig):
     shift: float = 1.5
     """How far the val_ood and test_ood blobs sit from the training ones."""
     rendezvous: str | None = None
-    """A folder shared by the runs (the cluster tests'): each build drops a file there and
-    waits, up to two minutes, until ``rendezvous_runs`` builds have, so concurrent runs
-    really overlap whatever the machine's load (a run that ends first lets its reused actor
-    take the next trial). None: no waiting."""
-    rendezvous_runs: int = Field(2, ge=1)
-    """How many builds meet at ``rendezvous``."""
+    """A folder shared by two runs (the cluster tests'): each build drops a file there and
+    waits, up to two minutes, until both have, so the runs really overlap whatever the
+    machine's load (a run that ends first lets its reused actor take the next trial).
+    None: no waiting."""
 
 
 def _blobs(rng: np.random.Generator, n: int, offset: float) -> Arrays:
@@ -75,7 +73,7 @@ class Blobs(Task):
 
     def build(self, data_seed: int) -> TaskData:
         if self.config.rendezvous is not None:
-            _meet(Path(self.config.rendezvous), self.config.rendezvous_runs)
+            _meet(Path(self.config.rendezvous), runs=2)
         rng = np.random.default_rng(data_seed)
         n, shift = self.config.n, self.config.shift
         offsets = {"train": 0.0, "val": 0.0, "val_ood": shift, "test": 0.0, "test_ood": -0.8}
