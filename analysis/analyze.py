@@ -169,6 +169,7 @@ def _pct_cell(v: float) -> str:
 def verdict_text(v: vd.Verdict) -> list[str]:
     """The verdict as text lines (sentence, shares, seed sources, comparisons, excluded runs)."""
     lines = ["Verdict: does the config or the seed decide?", v.sentence]
+    lines += [f"({line})" for line in (v.axis.pooled_text() if v.axis else ())]
     if v.reason:
         lines.append(f"({'model: ' if v.design == 'grid' else ''}{v.reason})")
     if not v.shares.empty:
@@ -224,6 +225,8 @@ def verdict_json(v: vd.Verdict) -> dict[str, Any]:
         "metric": v.metric,
         "higher_is_better": v.higher_is_better,
         "splits": v.splits,
+        "pooled_splits": {s.name: list(s.parts) for s in v.axis.splits if s.pooled} if v.axis else {},
+        "axis_from": v.axis.source if v.axis else "default",
         "sentence": v.sentence,
         "model": v.model,
         "reason": v.reason,
@@ -248,6 +251,8 @@ def analyze(
     events: list[str] | None = None,
     half_width: float | None = None,
     difference: float | None = None,
+    verdict_metric: str | None = None,
+    verdict_splits: list[str] | None = None,
 ) -> str:
     """The numbers of ``study`` in ``out`` as ``table`` text or ``json``.
 
@@ -261,15 +266,18 @@ def analyze(
     seed-study questions (:mod:`analysis.seed_questions`): time to each event (``events``:
     ``"val accuracy >= 0.5"`` texts, else the task's declared events), seeds needed for a
     mean to +-``half_width`` and for a ``difference`` (defaults by the metric's range), and
-    the Multi-Bootstrap over seeds and test examples.
+    the Multi-Bootstrap over seeds and test examples. ``verdict_metric`` /
+    ``verdict_splits`` (split specs, :mod:`analysis.verdict_axis`) choose what the verdict
+    and the seed counts speak about instead of the task's declaration.
     """
     if fmt not in ("table", "json"):
         raise AnalysisError(f"analyze prints 'table' or 'json', not {fmt!r}; pick one of those")
     ctx = open_study(out, study)
     try:
         evs = resolve_events(ctx, events)  # a bad --event fails before any statistics
+        axis = vd.study_axis(ctx, verdict_metric, verdict_splits)  # so does a bad axis
         info = next(iter(list_studies(out, only=[study])), None)
-        verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
+        verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed, axis=axis)
         summary = summary_table(ctx, n_boot=n_boot, seed=seed)
         mats = test_correlations(ctx)
         scatter = scatter_data(ctx, n_boot=n_boot, seed=seed)

@@ -19,6 +19,10 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
   that metric and in the report's verdict;
 * ``primary_metric``: the metric of the distribution chart and summaries (default
   ``accuracy`` when present);
+* ``verdict``: ``{"metric"?: str, "splits"?: [spec]}`` - what the verdict speaks about,
+  headline split first (default: the primary metric on the test splits); a spec is a split
+  or a pooled split ``NAME=A+B+...``, the per-run mean over those splits
+  (:mod:`analysis.verdict_axis`);
 * ``aggregates``: ``[{"kind": "best_k" | "checkpoint_regression" | "baseline", ...}]`` - a
   paper's own summaries, kept raw here and parsed by :mod:`analysis.aggregates`;
 * ``events``: ``["val accuracy >= 0.5" | {"name"?, "split", "metric", "op", "threshold"}]`` -
@@ -95,6 +99,10 @@ class Declarations:
     histograms: tuple[Axis, ...] = ()
     test_splits: tuple[str, ...] = ()
     primary_metric: str | None = None
+    verdict_metric: str | None = None
+    """The verdict's metric, when the task names one (default: the primary metric)."""
+    verdict_splits: tuple[str, ...] = ()
+    """The verdict's split specs, headline first (:func:`analysis.verdict_axis.parse_split`)."""
     decision_boundary: BoundaryDecl | None = None
     curve_metrics: tuple[str, ...] = ()
     metric_definitions: dict[str, str] = field(default_factory=dict)
@@ -318,6 +326,8 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     definitions: dict[str, str] = {}
     aggregates: tuple[Any, ...] = ()
     events: tuple[Any, ...] = ()
+    verdict_metric: str | None = None
+    verdict_splits: tuple[str, ...] = ()
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -357,6 +367,10 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
             aggregates = tuple(value)
         elif key == "events" and isinstance(value, list | tuple):
             events = tuple(value)
+        elif key == "verdict" and _verdict_decl(value):
+            metric = value.get("metric")
+            verdict_metric = None if metric is None else str(metric)
+            verdict_splits = tuple(str(v) for v in value.get("splits", ()))
         else:
             unknown.append(str(key))
     primary = decl.get("primary_metric")
@@ -371,5 +385,18 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         metric_definitions=definitions,
         aggregates=aggregates,
         events=events,
+        verdict_metric=verdict_metric,
+        verdict_splits=verdict_splits,
         unknown=tuple(unknown),
+    )
+
+
+def _verdict_decl(value: Any) -> bool:
+    """``{"metric"?: str, "splits"?: [str]}`` and nothing else."""
+    return (
+        isinstance(value, dict)
+        and set(value) <= {"metric", "splits"}
+        and isinstance(value.get("metric", ""), str)
+        and isinstance(value.get("splits", []), list | tuple)
+        and all(isinstance(v, str) for v in value.get("splits", []))
     )

@@ -48,6 +48,7 @@ from analysis.context import StudyContext, axis_label, open_study
 from analysis.errors import AnalysisError
 from analysis.report_page import definition, header_html, header_lines, render_html, vl_version
 from analysis.seed_charts import question_panels
+from analysis.verdict_axis import axis_values
 
 __all__ = ["Panel", "Report", "analyze", "build_report", "write_report"]
 """``analyze`` lives in :mod:`analysis.analyze`; it is re-exported here for the CLI."""
@@ -147,7 +148,9 @@ def _verdict_charts(ctx: StudyContext, store: charts.ChartData, v: vd.Verdict) -
     if not cmp.empty:
         out.append(Panel("improvement", charts.improvement_chart(store, cmp, split, v.metric)))
     e = ctx.evals
-    vals = e[(e["split"] == split) & (e["metric"] == v.metric) & (e["status"].fillna("ok") == "ok")]
+    ok = e[e["status"].fillna("ok") == "ok"]
+    vals = axis_values(ok, v.axis) if v.axis else ok.iloc[0:0]
+    vals = vals[vals["split"] == split]
     prof = bands.performance_profile(vals, higher_is_better=v.higher_is_better)
     if not prof.empty:
         chart = charts.performance_profile_chart(
@@ -398,10 +401,14 @@ def build_report(
     seed: int = 0,
     quiet: bool = False,
     band: str = "ci",
+    verdict_metric: str | None = None,
+    verdict_splits: list[str] | None = None,
 ) -> Report:
     """Load ``study`` from ``out`` and build its verdict and charts (statistics included).
 
-    ``band``: ``ci`` (95% bootstrap bands of means) or ``minmax`` (see :func:`build_charts`).
+    ``band``: ``ci`` (95% bootstrap bands of means) or ``minmax`` (see :func:`build_charts`);
+    ``verdict_metric`` / ``verdict_splits``: what the verdict speaks about
+    (:func:`analysis.verdict.study_axis`).
 
     Raises :class:`AnalysisError` for an unknown study or one without committed evals.
     """
@@ -414,8 +421,9 @@ def build_report(
                     f"study {study!r} has no committed evals yet; wait for runs to finish "
                     "(see `study ls`) and retry"
                 )
+            axis = vd.study_axis(ctx, verdict_metric, verdict_splits)
             step("computing statistics and charts")
-            verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed)
+            verdict = vd.study_verdict(ctx, n_boot=n_boot, seed=seed, axis=axis)
             store = charts.ChartData()
             agg = study_aggregates(ctx)
             panels = build_charts(
@@ -443,6 +451,8 @@ def write_report(
     seed: int = 0,
     quiet: bool = False,
     band: str = "ci",
+    verdict_metric: str | None = None,
+    verdict_splits: list[str] | None = None,
 ) -> Path:
     """Write the report of ``study`` (results in ``out``) and return where it went.
 
@@ -452,13 +462,15 @@ def write_report(
     directory or a path without suffix -> one PNG per chart inside it
     (``00-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
     ``default_rng(seed)``; ``band``: ``ci`` (95% bootstrap bands of means, the default) or
-    ``minmax``. Progress goes to stderr unless ``quiet``. Raises
+    ``minmax``; ``verdict_metric`` / ``verdict_splits`` as for :func:`build_report`.
+    Progress goes to stderr unless ``quiet``. Raises
     :class:`AnalysisError` for an unknown study, an unknown suffix, or a study without
     any committed evals.
     """
     target = Path(out) / study / "report.html" if to is None else Path(to)
     check_target(target)
-    report = build_report(out, study, n_boot=n_boot, seed=seed, quiet=quiet, band=band)
+    report = build_report(out, study, n_boot=n_boot, seed=seed, quiet=quiet, band=band,
+                          verdict_metric=verdict_metric, verdict_splits=verdict_splits)  # fmt: skip
     if not quiet:
         from rich.console import Console
 

@@ -41,6 +41,7 @@ from analysis import verdict as vd
 from analysis.context import StudyContext
 from analysis.errors import AnalysisError
 from analysis.formatting import records
+from analysis.verdict_axis import axis_values
 
 # ---------------------------------------------------------------------------- events
 
@@ -239,11 +240,8 @@ def study_seed_counts(
     ``difference`` default by the metric's range (:func:`analysis.seedcount.default_targets`)."""
     e = ctx.evals
     metric = verdict.metric
-    ok = e[
-        (e["status"].fillna("ok") == "ok")
-        & (e["metric"] == metric)
-        & e["split"].isin(verdict.splits)
-    ]
+    ok = e[e["status"].fillna("ok") == "ok"]
+    ok = axis_values(ok, verdict.axis) if verdict.axis else ok.iloc[0:0]
     shown = compared_points(verdict)
     if shown is not None:
         ok = ok[ok["point"].isin(shown)]

@@ -37,6 +37,7 @@ from analysis import intervals as iv
 from analysis import stats
 from analysis.schema import SEED_SOURCES
 from analysis.variance import variance_share
+from analysis.verdict_axis import VerdictAxis, axis_values, resolve_axis
 
 MAX_ALL_PAIRS = 6
 """Up to this many configs every pair is compared; beyond, each config against the best."""
@@ -77,6 +78,8 @@ class Verdict:
     excluded: pd.DataFrame = field(default_factory=pd.DataFrame)
     expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)
     warnings: list[str] = field(default_factory=list)
+    axis: VerdictAxis | None = None
+    """The metric and splits spoken about (pooled splits included): :mod:`analysis.verdict_axis`."""
 
 
 def pct(v: float) -> str:
@@ -352,27 +355,45 @@ def maximize(manifest: Any) -> bool:
     return True
 
 
-def verdict_splits(splits: list[str], roles: dict[str, str], tests: list[str]) -> list[str]:
-    """The splits a verdict speaks about: the test splits, else val_ood, else val ones."""
-    for chosen in (tests, [s for s in splits if roles.get(s) == "val_ood"]):
-        if chosen:
-            return list(chosen)
-    return [s for s in splits if roles.get(s) != "train"] or list(splits)
+def study_axis(
+    ctx: Any, metric: str | None = None, splits: Sequence[str] | None = None
+) -> VerdictAxis:
+    """The verdict's metric and splits for an open study: ``metric`` / ``splits`` (split
+    specs, :func:`analysis.verdict_axis.parse_split`) when given, else the task's declared
+    ``verdict``, else the primary metric on the test splits. Raises AnalysisError for a
+    given metric or split the study lacks; a declaration it cannot honour becomes a note."""
+    decl = ctx.manifest.declarations if ctx.manifest else None
+    axis, notes = resolve_axis(
+        primary=ctx.primary, splits=ctx.splits, roles=ctx.roles, tests=ctx.test_splits,
+        metrics=set(ctx.evals["metric"]), declared_metric=decl.verdict_metric if decl else None,
+        declared_splits=decl.verdict_splits if decl else (), metric=metric, split_specs=splits,
+    )  # fmt: skip
+    ctx.notes.extend(n for n in notes if n not in ctx.notes)
+    return axis
 
 
-def study_verdict(ctx: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Verdict:
-    """The verdict of an open study (:class:`analysis.context.StudyContext`)."""
+def study_verdict(
+    ctx: Any,
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+    axis: VerdictAxis | None = None,
+) -> Verdict:
+    """The verdict of an open study (:class:`analysis.context.StudyContext`) about ``axis``
+    (default :func:`study_axis`: the task's declaration, else the primary metric on the test
+    splits)."""
     from analysis import queries as q
 
-    metric = ctx.primary
-    splits = verdict_splits(ctx.splits, ctx.roles, ctx.test_splits)
+    axis = axis or study_axis(ctx)
+    metric, splits = axis.metric, axis.names
     hib = q.higher_is_better(metric) if metric else True
     runs = ctx.run_seeds()
     excluded = excluded_runs(runs, ctx.labels)
     e = ctx.evals
     ok = e[e["status"].fillna("ok") == "ok"]
-    values = ok[(ok["metric"] == metric) & ok["split"].isin(splits)]
-    v = Verdict("single", metric, hib, splits, "", excluded=excluded)
+    values = axis_values(ok, axis)
+    v = Verdict("single", metric, hib, splits, "", excluded=excluded, axis=axis)
     n_out = int(excluded["runs"].sum() - excluded["ok"].sum()) if not excluded.empty else 0
     if n_out:
         nl = int(excluded["not_learned"].sum())
@@ -455,7 +476,7 @@ def _tune_verdict(
     if obj_split and obj_metric:
         o = pair[(pair["split"] == obj_split) & (pair["metric"] == obj_metric)]
         parts.append(o.assign(split=f"{obj_split} {obj_metric} (objective)"))
-    parts.append(pair[(pair["metric"] == v.metric) & pair["split"].isin(v.splits)])
+    parts.append(axis_values(pair, v.axis) if v.axis else pair.iloc[0:0])
     both = pd.concat(parts, ignore_index=True)
     order = list(dict.fromkeys(both["split"]))
     hib = up if obj_metric else v.higher_is_better

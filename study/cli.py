@@ -32,6 +32,17 @@ app = typer.Typer(
 )
 
 OutOpt = Annotated[Path, typer.Option("--out", help="Results folder (Parquet tables, study folders).")]
+VerdictMetricOpt = Annotated[
+    str | None,
+    typer.Option("--verdict-metric", help="The metric the verdict speaks about (default: the task's "
+                 "declared verdict, else its primary metric)."),
+]
+VerdictSplitOpt = Annotated[
+    list[str] | None,
+    typer.Option("--verdict-split", help="A split the verdict speaks about, the first one its headline "
+                 "(repeatable): a split's name, or NAME=A+B+... for the per-run mean over splits A, B, ... "
+                 "(e.g. 'band=len_15+len_16'). Default: the task's declared verdict, else the test splits."),
+]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Study name (default: the config's `name`).")]
 AddressOpt = Annotated[
     str | None, typer.Option("--address", help="Existing Ray cluster address (default: start a local Ray).")
@@ -281,6 +292,8 @@ def analyze(
         typer.Option("--difference", min=0, help="Seeds per config to detect this difference "
                      "with 80% power (default 0.05 for a [0, 1] metric, else 5% of the mean)."),
     ] = None,
+    verdict_metric: VerdictMetricOpt = None,
+    verdict_split: VerdictSplitOpt = None,
 ) -> None:
     """The verdict (does the config or the seed decide?), then seed statistics: summary with
     bootstrap intervals, correlations between test splits, configured regressions, time to
@@ -289,7 +302,8 @@ def analyze(
 
     from analysis.report import analyze as do_analyze
 
-    do_analyze = partial(do_analyze, events=event, half_width=half_width, difference=difference)
+    do_analyze = partial(do_analyze, events=event, half_width=half_width, difference=difference,
+                         verdict_metric=verdict_metric, verdict_splits=verdict_split)  # fmt: skip
 
     if fmt == "csv":
         import json
@@ -308,11 +322,13 @@ def report(
     out: OutOpt = Path("results"),
     to: Annotated[Path | None, typer.Option("--to", help="HTML file, .png/.svg/.pdf file, or a folder.")] = None,
     band: Annotated[str, typer.Option("--band", help="ci (95% bootstrap band of the mean) or minmax.")] = "ci",
+    verdict_metric: VerdictMetricOpt = None,
+    verdict_split: VerdictSplitOpt = None,
 ) -> None:
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
     from analysis.report import write_report
 
-    path = write_report(out, name, to, band=band)
+    path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 
 

@@ -68,6 +68,15 @@ def test_the_aggregate_counts_the_runs_that_length_generalize(out: Path) -> None
         assert all(0 <= r[prefix + "boot_low"] <= r[prefix + "boot_high"] <= 1 for r in rows)
 
 
+def test_the_verdict_speaks_about_the_band(out: Path) -> None:
+    v = analyze(out, "zhou2023_length_cpu")["verdict"]
+    assert v["splits"] == ["len_5..len_6", "len_5", "len_6"] and v["axis_from"] == "declared by the task"
+    assert v["pooled_splits"] == {"len_5..len_6": ["len_5", "len_6"]} and v["metric"] == "exact"
+    assert "len_5..len_6 exact" in v["sentence"]
+    (band,) = [s for s in v["shares"] if s["split"] == "len_5..len_6"]
+    assert band["configs"] == 2 and band["runs"] == sum(r["ok"] for r in v["excluded"])
+
+
 def test_the_report_draws_exact_match_by_length(out: Path) -> None:
     study("report", "zhou2023_length_cpu", "--out", str(out))
     html = (out / "zhou2023_length_cpu" / "report.html").read_text()

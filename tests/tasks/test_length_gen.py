@@ -222,4 +222,11 @@ def test_the_declared_aggregate_names_the_band_and_every_length() -> None:
     assert agg["lengths"] == {length_split(n): n for n in range(1, 21)}
     assert (agg["metric"], agg["oracle_metric"]) == ("exact", "oracle_exact")
     assert decl["test_splits"] == ["len_10", "len_15", "len_20"] and decl["primary_metric"] == "exact"
+    # the verdict speaks about the band value (what decides whether a run length-generalizes)
+    from analysis.manifest import parse_declarations
+    from analysis.verdict_axis import parse_split
+
+    head, *rest = parse_declarations(decl).verdict_splits
+    assert parse_split(head).parts == tuple(agg["band"]) and parse_split(head).name == "len_15..len_20"
+    assert rest == ["len_15", "len_20"]
     assert {k for k, g in KINDS.items() if g.rasp_l} == {"count", "sort", "copy_unique", "mode"}

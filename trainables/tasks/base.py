@@ -155,7 +155,9 @@ class Task(ABC):
         summaries, list of ``{kind: "best_k"|"checkpoint_regression"|"baseline", ...}``
         (docs/analysis.md, "Declared aggregates"; a baseline computed from the data, such
         as a trivial predictor's score, is a metric :meth:`score` returns, since this
-        declaration is written before any data is built). Analysis reads this without
+        declaration is written before any data is built); ``verdict``: ``{"metric"?,
+        "splits"?}``, what the verdict speaks about, headline split first, a split or a
+        pooled ``NAME=A+B+...`` (``analysis/verdict_axis.py``). Analysis reads this without
         importing trainables.
         """
         return {}

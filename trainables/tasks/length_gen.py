@@ -301,6 +301,10 @@ class LengthGen(Task):
         n, band = cfg.train_lengths[1], cfg.band_lengths
         lengths = {length_split(m): m for m in range(lo, hi + 1)}
         shown = list(dict.fromkeys(length_split(m) for m in (min(n, hi), band[0], band[-1])))
+        band_splits = [length_split(m) for m in band]
+        # the verdict speaks about the band value that decides whether a run length-generalizes
+        band_mean = (f"{band_splits[0]}..{band_splits[-1]}=" + "+".join(band_splits)
+                     if len(band_splits) > 1 else band_splits[0])  # fmt: skip
         return {
             "metric_definitions": {
                 "exact": "share of examples whose free-running greedy answer (up to its first </s>) is "
@@ -313,10 +317,11 @@ class LengthGen(Task):
             },
             "primary_metric": "exact",
             "test_splits": shown,
+            "verdict": {"splits": list(dict.fromkeys([band_mean, band_splits[0], band_splits[-1]]))},
             "scatter": [["val_ood", "exact"], [length_split(band[-1]), "exact"]],
             "aggregates": [{
                 "kind": "length_generalization", "metric": "exact", "oracle_metric": "oracle_exact",
-                "lengths": lengths, "band": [length_split(m) for m in band], "train_max": n,
+                "lengths": lengths, "band": band_splits, "train_max": n,
                 "level": cfg.generalization_level, "band_examples": cfg.test_size * len(band),
             }],
             "events": [{"name": "fits", "split": "val", "metric": "exact", "op": ">=",

@@ -1,0 +1,169 @@
+"""What the verdict speaks about: one metric on a few splits, the first of them the headline.
+
+By default the primary metric on the test splits (the task's ``test_splits``, else every
+``test`` split, else ``val_ood``). A task may declare its own (``analysis.verdict`` in the
+manifest: ``{"metric"?: str, "splits"?: [spec]}``) and ``study analyze`` / ``study report``
+take ``--verdict-metric`` and ``--verdict-split``. A split spec is a split's name, or a
+*pooled* split ``NAME=A+B+...``: per run, the mean of the metric over splits A, B, ...
+(e.g. a length task's band of test lengths, ``len_15..len_20=len_15+len_16+...+len_20``),
+so the verdict can speak about exactly the value that defines the task's outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.errors import AnalysisError
+
+
+@dataclass(frozen=True)
+class VerdictSplit:
+    """A split the verdict speaks about: ``name``, the mean of the metric over ``parts`` per
+    run (one part: the split itself)."""
+
+    name: str
+    parts: tuple[str, ...]
+
+    @property
+    def pooled(self) -> bool:
+        return self.parts != (self.name,)
+
+
+@dataclass(frozen=True)
+class VerdictAxis:
+    """The verdict's metric and splits (headline first); ``source`` says who chose them."""
+
+    metric: str | None
+    splits: tuple[VerdictSplit, ...]
+    source: str = "default"
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.splits]
+
+    def pooled_text(self) -> list[str]:
+        """One line per pooled split saying what it is."""
+        return [f"{s.name}: the per-run mean of {self.metric} over {', '.join(s.parts)}"
+                for s in self.splits if s.pooled]  # fmt: skip
+
+
+def parse_split(spec: str) -> VerdictSplit:
+    """``"len_20"`` -> the split itself; ``"band=len_15+len_20"`` -> the pooled split
+    ``band``, the mean over len_15 and len_20. Raises ValueError for an empty name or part."""
+    name, eq, rest = (x.strip() for x in str(spec).partition("="))
+    if not eq:
+        if not name:
+            raise ValueError("an empty split name")
+        return VerdictSplit(name, (name,))
+    parts = tuple(p.strip() for p in rest.split("+"))
+    if not name or not parts or not all(parts):
+        raise ValueError(
+            f"{spec!r} is not NAME=SPLIT+SPLIT+... (a pooled split needs a name and its splits)"
+        )
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"{spec!r} names a split twice")
+    return VerdictSplit(name, parts)
+
+
+def default_splits(splits: Sequence[str], roles: dict[str, str], tests: Sequence[str]) -> list[str]:
+    """The test splits, else val_ood, else the splits that are not training ones."""
+    for chosen in (list(tests), [s for s in splits if roles.get(s) == "val_ood"]):
+        if chosen:
+            return chosen
+    return [s for s in splits if roles.get(s) != "train"] or list(splits)
+
+
+def check_axis(
+    axis: VerdictAxis,
+    metrics: set[str],
+    splits: Sequence[str],
+    fields: tuple[str, str] = ("--verdict-metric", "--verdict-split"),
+) -> None:
+    """Raise :class:`AnalysisError` naming the field (``fields``: metric's, splits') and what
+    the study has when ``axis`` names a metric or a split it lacks, or a pooled split whose
+    name is already a split's."""
+    if axis.metric is not None and axis.metric not in metrics:
+        raise AnalysisError(
+            f"{fields[0]}: {axis.metric!r} is not a metric of this study (its metrics: "
+            f"{', '.join(sorted(metrics))}); pick one of those"
+        )
+    for s in axis.splits:
+        missing = [p for p in s.parts if p not in splits]
+        if missing:
+            raise AnalysisError(
+                f"{fields[1]}: {', '.join(map(repr, missing))} is not a split of this study "
+                f"(its splits: {', '.join(splits)}); name splits from that list"
+            )
+        if s.pooled and s.name in splits:
+            raise AnalysisError(
+                f"{fields[1]}: the pooled split {s.name!r} has the name of a split of this "
+                "study; give it another name (NAME=A+B+...)"
+            )
+
+
+def resolve_axis(
+    *,
+    primary: str | None,
+    splits: Sequence[str],
+    roles: dict[str, str],
+    tests: Sequence[str],
+    metrics: set[str],
+    declared_metric: str | None = None,
+    declared_splits: Sequence[str] = (),
+    metric: str | None = None,
+    split_specs: Sequence[str] | None = None,
+) -> tuple[VerdictAxis, list[str]]:
+    """The verdict's axis: what the user asked for (``metric``, ``split_specs``; errors are
+    raised), else what the task declared (a declaration the study cannot honour falls back
+    to the default, with a note), else the primary metric on :func:`default_splits`.
+    Returns (axis, notes)."""
+    notes: list[str] = []
+    known = list(splits)
+    default = VerdictAxis(
+        primary, tuple(VerdictSplit(s, (s,)) for s in default_splits(splits, roles, tests))
+    )
+    chosen = default
+    if declared_metric is not None or declared_splits:
+        try:
+            parsed = tuple(parse_split(s) for s in declared_splits) or default.splits
+            axis = VerdictAxis(declared_metric or primary, parsed, "declared by the task")
+            check_axis(axis, metrics, known, ("verdict.metric", "verdict.splits"))
+            chosen = axis
+        except (ValueError, AnalysisError) as exc:
+            notes.append(f"the task's declared verdict is not usable here ({exc}); the verdict "
+                         "speaks about the primary metric on the test splits instead")  # fmt: skip
+    if metric is not None or split_specs:
+        try:
+            parsed = tuple(parse_split(s) for s in split_specs or ())
+        except ValueError as exc:
+            raise AnalysisError(f"--verdict-split: {exc}; e.g. 'test' or 'band=len_15+len_20'") from exc
+        axis = VerdictAxis(metric or chosen.metric, parsed or chosen.splits, "given")
+        check_axis(axis, metrics, known)
+        chosen = axis
+    return chosen, notes
+
+
+def axis_values(evals: pd.DataFrame, axis: VerdictAxis) -> pd.DataFrame:
+    """The rows of ``evals`` (one per run, split and metric; any status) for ``axis.metric``
+    on each of the axis's splits: a split's own rows, and per pooled split one row per run
+    that has every part, ``value`` the mean of its parts and ``split``/``role`` the pooled
+    name / the first part's role. Columns: those of ``evals``; rows in the axis's split order.
+    """
+    e = evals[evals["metric"] == axis.metric]
+    parts = []
+    for s in axis.splits:
+        sub = e[e["split"].isin(s.parts)]
+        if not s.pooled:
+            parts.append(sub)
+            continue
+        keys = [c for c in sub.columns if c not in ("split", "role", "value")]
+        grouped = sub.groupby(keys, dropna=False, sort=False)
+        pooled = grouped.agg(value=("value", "mean"), n=("split", "nunique"), role=("role", "first"))
+        pooled = pooled[pooled["n"] == len(s.parts)].drop(columns="n").reset_index()
+        parts.append(pooled.assign(split=s.name)[list(evals.columns)])
+    if not parts:
+        return evals.iloc[0:0]
+    return pd.concat(parts, ignore_index=True)
