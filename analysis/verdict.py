@@ -423,6 +423,9 @@ def study_verdict(
             else "configs with fewer than 2 ok seeds"
         )
         v.sentence = f"No verdict: {v.reason}."
+        head = values.loc[values["split"] == splits[0], "value"]
+        if n_configs == 1 and head.notna().sum() >= 2:
+            v.sentence = seed_spread_sentence(head, metric, splits[0], n_boot=n_boot, seed=seed)
         return v
     v.design, v.model = "grid", "fixed"
     v.reason = MODEL_REASON
@@ -437,6 +440,31 @@ def study_verdict(
     if not v.sources.empty:
         v.sentence = sources_sentence(v.sources, metric, splits[0]) + " " + v.sentence
     return v
+
+
+def seed_spread_sentence(
+    values: pd.Series, metric: str | None, split: str, *, n_boot: int = 2000, seed: int = 0
+) -> str:
+    """The quotable line of a one-config study: only the seed moves its result, by this much.
+
+    ``values``: the headline split's value per ok run (>= 2). Mean with its 95% bootstrap
+    interval (:func:`analysis.intervals.mean_interval`), range and sample sd across seeds."""
+    a = values.dropna().to_numpy(dtype=float)
+    what = f"{split} {metric}"
+    if np.ptp(a) == 0:
+        return (
+            f"One config: {what} is {a[0]:.4g} for every one of its {a.size} seeds; the seed does "
+            "not move it either."
+        )
+    m = iv.mean_interval(a, n_boot=n_boot, seed=seed)
+    s = (
+        f"One config, so only the seed moves the result: across {a.size} seeds {what} runs from "
+        f"{a.min():.4g} to {a.max():.4g} (sd {a.std(ddof=1):.2g}), mean {m.estimate:.4g} "
+        f"[{m.low:.4g}, {m.high:.4g}] (95% bootstrap)."
+    )
+    if a.size < iv.MIN_SEEDS:
+        s += f" (Fewer than {iv.MIN_SEEDS} seeds: indicative only.)"
+    return s
 
 
 def sources_sentence(sources: pd.DataFrame, metric: str, split: str) -> str:

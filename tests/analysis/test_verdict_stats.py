@@ -252,3 +252,14 @@ def test_grid_sentence_of_a_metric_every_run_scores_the_same() -> None:
     s = grid_sentence(grid_shares(df, ["test", "s_rand"]), compare_configs(df, ["test", "s_rand"], n_boot=200),
                       "auc", "the grid point (train.lr)", "test")  # fmt: skip
     assert s.startswith("The grid point (train.lr) explains") and "Best:" in s
+
+
+def test_a_one_config_sentence_gives_the_seed_spread() -> None:
+    from analysis.verdict import seed_spread_sentence
+
+    s = seed_spread_sentence(pd.Series([0.5, 0.7, 0.9, np.nan]), "acc", "test", n_boot=200)
+    assert "across 3 seeds test acc runs from 0.5 to 0.9 (sd 0.2), mean 0.7 [" in s
+    lo, hi = (float(x) for x in s.split("mean 0.7 [")[1].split("]")[0].split(", "))
+    assert 0.5 <= lo < 0.7 < hi <= 0.9 and "indicative only" in s
+    same = seed_spread_sentence(pd.Series([1.0] * 12), "exact", "len_10")
+    assert same == "One config: len_10 exact is 1 for every one of its 12 seeds; the seed does not move it either."

@@ -82,7 +82,14 @@ def test_few_seeds_are_flagged_and_single_config_has_no_verdict(out: Path) -> No
     assert all(c["warn"] == "n<10" for c in doc["verdict"]["comparisons"])
     assert all(s["warn"] == "n<10" for s in doc["scatter"])
     one = json.loads(analyze(out, "one", "json", n_boot=300))["verdict"]
-    assert one["design"] == "single" and "one config" in one["sentence"]
+    assert one["design"] == "single" and "one config" in one["reason"]
+    # only the seed moves a one-config study: its sentence says by how much (headline split)
+    runs = pq.read_table(out / "tables" / "evals" / "study=one").to_pandas()
+    head = runs[(runs["split"] == one["splits"][0]) & (runs["metric"] == one["metric"])]["value"]
+    assert len(head) == 5 and head.nunique() == 5
+    assert one["sentence"].startswith("One config, so only the seed moves the result: across 5 seeds")
+    assert f"runs from {head.min():.4g} to {head.max():.4g} (sd {head.std():.2g}), mean {head.mean():.4g}" in one["sentence"]
+    assert "Fewer than 10 seeds" in one["sentence"]
 
 
 def test_tuning_verdict_has_expected_best_and_winner_vs_runner_up(out: Path) -> None:
