@@ -90,6 +90,10 @@ def check_axis(
             f"{fields[0]}: {axis.metric!r} is not a metric of this study (its metrics: "
             f"{', '.join(sorted(metrics))}); pick one of those"
         )
+    names = axis.names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise AnalysisError(f"{fields[1]}: {twice[0]!r} is named twice; name each verdict split once")
     for s in axis.splits:
         missing = [p for p in s.parts if p not in splits]
         if missing:

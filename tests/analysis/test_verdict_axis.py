@@ -73,6 +73,8 @@ def test_the_user_overrides_the_task_which_overrides_the_default() -> None:
         resolve_axis(**base, split_specs=["far=long+longest"])
     with pytest.raises(AnalysisError, match=r"--verdict-metric: 'bleu' is not a metric.*acc, loss"):
         resolve_axis(**base, metric="bleu")
+    with pytest.raises(AnalysisError, match="'far' is named twice"):
+        resolve_axis(**base, split_specs=["far=long+very_long", "far=short+long"])
     with pytest.raises(AnalysisError, match="has the name of a split"):
         resolve_axis(**base, split_specs=["long=long+very_long"])
     with pytest.raises(AnalysisError, match=r"--verdict-split: .* NAME=SPLIT"):
