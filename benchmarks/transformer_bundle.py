@@ -16,6 +16,11 @@ for each and, as its LAST line, the ratio auto-bundled / K lone runs.
 
     python benchmarks/transformer_bundle.py                    # the grokking CPU config's sizes
     python benchmarks/transformer_bundle.py --k 8 --p 97 --d-model 128 --sdpa
+    python benchmarks/transformer_bundle.py --config configs/zhou2023_length_cpu.yaml --k 8
+
+``--config`` takes the first grid point of a study config instead (its task, model and
+training; ``--set`` adds overrides), trained for ``--steps`` steps: e.g. the length tasks,
+whose config runs one seed per bundle (``execution.bundle_size: 1``) on this measurement.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +45,11 @@ from trainables.spec import RunSpec
 
 
 def make_spec(args: argparse.Namespace) -> RunSpec:
+    if args.config:
+        from study.config import load
+
+        steps = [f"train.max_steps={args.steps}", f"train.eval_every_steps={args.steps}"]
+        return load(args.config, overrides=[*args.set, *steps]).points[0].spec
     return RunSpec.from_dict({
         "task": {"name": "modular", "p": args.p, "train_fraction": args.frac},
         "model": {"name": "transformer", "d_model": args.d_model, "n_heads": 4, "n_layers": args.layers,
@@ -83,6 +94,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sdpa", action="store_true", help="also time attention through SDPA")
+    ap.add_argument("--config", type=Path, help="a study config: its first grid point instead of modular")
+    ap.add_argument("--set", action="append", default=[], help="an override for --config (repeatable)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", UserWarning)  # SDPA's "no batching rule" warning
@@ -114,8 +127,13 @@ def main() -> None:
             times[name].append(fn())
     median = {name: statistics.median(t) for name, t in times.items()}
     work = args.k * args.steps
-    print(f"K={args.k} p={args.p} frac={args.frac} d_model={args.d_model} layers={args.layers} "
-          f"batch={make_spec(args).train.batch_size} steps={args.steps} (one thread)")
+    spec = make_spec(args)
+    if args.config:
+        print(f"K={args.k} {args.config} {' '.join(args.set)}: task {spec.task_name}, "
+              f"batch={spec.train.batch_size} steps={args.steps} (one thread)")
+    else:
+        print(f"K={args.k} p={args.p} frac={args.frac} d_model={args.d_model} layers={args.layers} "
+              f"batch={spec.train.batch_size} steps={args.steps} (one thread)")
     for name, t in median.items():
         print(f"{name:28s} {work / t:8.1f} member-steps/s  ({t:.2f} s)")
     print(f"auto-bundled / K lone runs: speedup = {median['(a) K lone runs'] / median['(b) auto-bundled (vmap)']:.2f}x")

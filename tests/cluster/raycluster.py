@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import secrets
 import signal
@@ -87,6 +88,10 @@ def send(procs: Iterable[Proc], sig: signal.Signals) -> None:
             os.kill(p.pid, sig)
 
 
+class ProcessEnded(AssertionError):
+    """The process waited on exited first."""
+
+
 def wait_for(
     check: Callable[[], bool],
     what: str,
@@ -97,16 +102,45 @@ def wait_for(
     deadline = time.monotonic() + timeout
     while not check():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended (rc {proc.returncode}) while waiting for {what}")
+            raise ProcessEnded(f"process ended (rc {proc.returncode}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(poll)
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PICK = random.SystemRandom()
+
+
 def free_port() -> int:
+    """A port free now, below the ephemeral range: the OS gives ports of that range to every
+    outgoing connection (Ray's processes make many), so one picked there by binding port 0
+    can be taken again before the node that is told to use it binds it."""
+    high = min(_ephemeral_low(), 32768) - 1
+    for _ in range(200):
+        port = _PICK.randint(20000, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -208,16 +242,23 @@ class Cluster:
         # worker ports 0: each worker process takes a free port
         start = "start --block --num-cpus 1 --node-ip-address 127.0.0.1 --disable-usage-stats"
         start += " --min-worker-port 0 --max-worker-port 0"
-        args = [sys.executable, "-m", "ray.scripts.scripts", *start.split(), *extra]
-        for flag in ports:  # fixed defaults (e.g. the agent's 52365) would clash between nodes
-            args += [flag, str(free_port())]
-        node = RayNode(name, args, self.node_env, self.root / f"{name}.log")
-        try:
-            node.wait_started()
-        except BaseException:
-            node.stop()  # a node that failed to start must not outlive the test
-            raise
-        return node
+        failed = ""
+        for attempt in range(3):  # a port taken between picking it and the node binding it
+            args = [sys.executable, "-m", "ray.scripts.scripts", *start.split(), *extra]
+            for flag in ports:  # fixed defaults (e.g. the agent's 52365) would clash between nodes
+                args += [flag, str(free_port())]
+            log = self.root / f"{name}-{attempt}.log"
+            node = RayNode(name, args, self.node_env, log)
+            try:
+                node.wait_started()
+                return node
+            except ProcessEnded as exc:
+                node.stop()  # a node that failed to start must not outlive the test
+                failed += f"\n--- try {attempt + 1}: {exc}; its log ends:\n{log_tail(log)}"
+            except BaseException:
+                node.stop()
+                raise
+        raise AssertionError(f"{name} did not start in 3 tries:{failed}")
 
     def add_worker(self) -> RayNode:
         node = self._node(f"worker{len(self.workers) + 1}", ["--address", self.address])
