@@ -55,3 +55,13 @@ def test_tune_benchmark_prints_both_ratios_the_dyck_one_last() -> None:
     lines = _run("benchmarks/tune_study.py", "--tiny", "--cpus", "2")
     assert lines[-2].startswith("symbol_rewriting: speedup") and lines[-1].startswith("dyck1: speedup")
     assert all((m := RATIO.search(line)) and float(m.group(1)) > 0 for line in lines[-2:])
+
+
+def test_transformer_benchmark_takes_a_study_config() -> None:
+    lines = _run("benchmarks/transformer_bundle.py", "--config", "configs/zhou2023_length_cpu.yaml",
+                 "--set", "grid.task.kind=[sort]", "--set", "task.train_size=64", "--k", "2", "--steps", "2",
+                 "--repeats", "1")  # fmt: skip
+    assert "task length_gen, batch=64 steps=2" in lines[0] and "grid.task.kind=[sort]" in lines[0]
+    assert [line.split()[0] for line in lines[1:4]] == ["(a)", "(b)", "(c)"]
+    match = RATIO.search(lines[-1])
+    assert match and float(match.group(1)) > 0
