@@ -168,3 +168,13 @@ def test_the_report_follows_the_axis(out: Path, capsys: pytest.CaptureFixture[st
     rc = cli_main(["report", "grid", "--out", str(out), "--verdict-metric", "bleu"])
     assert rc == 2 and "error: --verdict-metric: 'bleu' is not a metric" in capsys.readouterr().err
     assert not (out / "grid" / "report.html").exists()  # refused before anything is written
+
+
+def test_the_declaration_parses_and_a_malformed_one_is_named() -> None:
+    from analysis.manifest import parse_declarations
+
+    d = parse_declarations({"verdict": {"metric": "oracle_exact", "splits": ["band=a+b", "a"]}})
+    assert (d.verdict_metric, d.verdict_splits, d.unknown) == ("oracle_exact", ("band=a+b", "a"), ())
+    for bad in ({"splits": "a"}, {"metric": 3}, {"split": ["a"]}, ["a"]):
+        d = parse_declarations({"verdict": bad})
+        assert d.unknown == ("verdict",) and d.verdict_splits == () and d.verdict_metric is None
