@@ -37,6 +37,7 @@ from analysis import verdict as vd
 from analysis.aggregates import Aggregate, AggregateResult, Panels, _fail, _ok, register
 from analysis.context import StudyContext
 from analysis.manifest import Axis
+from analysis.verdict_axis import pooled_values
 
 # ---------------------------------------------------------------------------- pure functions
 
@@ -48,12 +49,8 @@ def band_values(values: pd.DataFrame, band: list[str] | tuple[str, ...]) -> pd.D
     value. A run needs a finite value on every band split (else it is left out). Returns one
     row per run in order of first appearance, columns point, trial_id, seed, value.
     """
-    v = values[values["split"].isin(list(band))].dropna(subset=["value"])
-    rows = []
-    for (point, trial, seed), sub in v.groupby(["point", "trial_id", "seed"], sort=False):
-        if sub["split"].nunique() == len(set(band)):
-            rows.append((point, trial, int(seed), float(sub.groupby("split")["value"].first().mean())))
-    return pd.DataFrame(rows, columns=["point", "trial_id", "seed", "value"])
+    out = pooled_values(values, band, ["point", "trial_id", "seed"])
+    return out.astype({"seed": int, "value": float})
 
 
 GENERALIZATION_COLUMNS = ("point", "runs", "mean", "min", "max", "generalize", "fraction", "low",

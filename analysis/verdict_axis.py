@@ -150,11 +150,23 @@ def resolve_axis(
     return chosen, notes
 
 
+def pooled_values(values: pd.DataFrame, parts: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:
+    """Per run (one row per distinct ``keys``), the mean ``value`` over the ``parts`` splits.
+
+    ``values``: one row per (run, split) of one metric, columns ``keys``, split, value. A run
+    needs a finite value on every part (else it is left out). Returns columns ``keys`` and
+    value, one row per run in order of first appearance."""
+    v = values[values["split"].isin(list(parts))].dropna(subset=["value"])
+    per_run = v.groupby(list(keys), dropna=False, sort=False)
+    out = per_run.agg(value=("value", "mean"), n=("split", "nunique"))
+    return out[out["n"] == len(set(parts))].drop(columns="n").reset_index()
+
+
 def axis_values(evals: pd.DataFrame, axis: VerdictAxis) -> pd.DataFrame:
     """The rows of ``evals`` (one per run, split and metric; any status) for ``axis.metric``
     on each of the axis's splits: a split's own rows, and per pooled split one row per run
-    that has every part, ``value`` the mean of its parts and ``split``/``role`` the pooled
-    name / the first part's role. Columns: those of ``evals``; rows in the axis's split order.
+    with a finite value on every part, ``value`` the mean of its parts
+    (:func:`pooled_values`) and ``split``/``role`` the pooled name / the first part's role. Columns: those of ``evals``; rows in the axis's split order.
     """
     e = evals[evals["metric"] == axis.metric]
     parts = []
@@ -163,11 +175,10 @@ def axis_values(evals: pd.DataFrame, axis: VerdictAxis) -> pd.DataFrame:
         if not s.pooled:
             parts.append(sub)
             continue
-        keys = [c for c in sub.columns if c not in ("split", "role", "value")]
-        grouped = sub.groupby(keys, dropna=False, sort=False)
-        pooled = grouped.agg(value=("value", "mean"), n=("split", "nunique"), role=("role", "first"))
-        pooled = pooled[pooled["n"] == len(s.parts)].drop(columns="n").reset_index()
-        parts.append(pooled.assign(split=s.name)[list(evals.columns)])
+        pooled = pooled_values(sub, s.parts, [c for c in sub.columns if c not in ("split", "role", "value")])
+        role = sub.loc[sub["split"] == s.parts[0], "role"]
+        pooled = pooled.assign(split=s.name, role=role.iloc[0] if len(role) else None)
+        parts.append(pooled[list(evals.columns)])
     if not parts:
         return evals.iloc[0:0]
     return pd.concat(parts, ignore_index=True)
