@@ -40,6 +40,10 @@ class MemberNoise:
     A member whose rate is 0 gets masks of ones and draws nothing, as a lone run with
     dropout 0 draws nothing (models skip dropout at p = 0)."""
 
+    positional = False
+    """Whether masks may be drawn over a padded grid keyed by position (:class:`~trainables.
+    models.counter_noise.CounterNoise`); False: over each member's real rows in order."""
+
     def __init__(
         self, seeds: Sequence[int], device: torch.device | str = "cpu",
         rates: Sequence[float] | None = None,
@@ -125,6 +129,14 @@ class Model(nn.Module, ABC):
         return 1 if getattr(config, "impl", None) == "reference" else None
 
     @classmethod
+    def takes_counter_noise(cls, config: FrozenConfig) -> bool:
+        """Whether ``config`` can train with counter-based dropout masks
+        (``execution.cuda_graphs``; checked before Ray). Every model whose masks go through
+        :meth:`MemberNoise.dropout_mask` can; by the convention of :meth:`max_bundle`, a
+        one-seed reference implementation (``impl: reference``) draws its own and cannot."""
+        return getattr(config, "impl", None) != "reference"
+
+    @classmethod
     def metric_names(cls, config: FrozenConfig) -> tuple[str, ...]:
         """Names :meth:`example_metrics` returns with ``config`` (``loss`` first). Checked
         before Ray against what a study selects on or tunes; a model adding metrics
@@ -157,6 +169,14 @@ class Model(nn.Module, ABC):
 
         All members get the same number of rows.
         """
+
+    def graph_batch(self, data: SplitData, rows: Sequence[np.ndarray], device: torch.device) -> Any | None:
+        """:meth:`make_batch` for a captured training step (``execution.cuda_graphs``): a
+        dataclass batch whose tensors take one of a few shapes (padded to buckets), whose
+        :meth:`loss` under positional noise (:attr:`MemberNoise.positional`) reads nothing
+        but those tensors and does not synchronise with the host. None (the default): this
+        model's loss is not captured; its steps run eagerly."""
+        return None
 
     def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each member's training rows in the order its batch lays them out (default: as

@@ -67,14 +67,9 @@ CHUNK_FLOATS = 65536
 
 def gate_order(hidden: int, device: torch.device | str) -> torch.Tensor:
     """Row permutation from torch's gate order (i, f, g, o) to ours (o, i, f, g)."""
-    h = hidden
-    order = [
-        torch.arange(3 * h, 4 * h),
-        torch.arange(0, h),
-        torch.arange(h, 2 * h),
-        torch.arange(2 * h, 3 * h),
-    ]
-    return torch.cat(order).to(device)
+    # 3H..4H-1, 0..3H-1, made on the device (a host tensor copied there costs a copy per
+    # call and cannot be captured in a CUDA graph)
+    return torch.arange(4 * hidden, device=device).roll(hidden)
 
 
 def prepare_gates(w: torch.Tensor, hidden: int) -> torch.Tensor:

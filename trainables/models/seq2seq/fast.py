@@ -50,8 +50,8 @@ from trainables.models.seq2seq.layout import (
     Arch,
     Engine,
     Seq2SeqBatch,
-    dropout_masks,
-    scatter_rows,
+    time_major_multipliers,
+    token_multipliers,
 )
 from trainables.models.seq2seq.logits import linear_cross_entropy
 from trainables.models.seq2seq.stepper import FastStepper, short_softmax
@@ -86,9 +86,11 @@ class FastEngine(Engine):
         x: torch.Tensor | None = None  # layer input (K, S, B, in); None: look up layer 0's
         if w.src_table is None:
             x = embed_members(w.src_emb, ids, a.src_vocab)  # (K, S, B, E)
-            mask = dropout_masks(noise, a.dropout, batch.src_counts, a.emb)
-            if mask is not None:
-                x = x * scatter_rows(mask, batch.src_tm_pos, (k, s, b, a.emb))
+            mult = time_major_multipliers(
+                noise, a.dropout, batch.src_mask, batch.src_counts, batch.src_tm_pos, a.emb
+            )
+            if mult is not None:
+                x = x * mult
         last = (batch.src_len - 1).view(k, 1, b, 1).expand(k, 1, b, a.hidden)
         zeros = batch.src_len.new_zeros(k, b, a.hidden, dtype=w.out_t.dtype)
         h_fin: list[torch.Tensor] = []
@@ -185,16 +187,17 @@ class FastEngine(Engine):
             y = embed_members(w.tgt_table, ids, a.tgt_vocab)  # (K, T, B, 4Hd)
         else:
             y = embed_members(w.tgt_emb, ids, a.tgt_vocab)  # (K, T, B, E)
-            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size)
-            if mask is not None:
-                y = y * scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, a.tgt_emb_size))
+            mult = time_major_multipliers(
+                noise, a.dropout, batch.tgt_mask, batch.tgt_counts, batch.tgt_tm_pos, a.tgt_emb_size
+            )
+            if mult is not None:
+                y = y * mult
         hd = a.dec_hidden
         pos = batch.tok_pos.view(-1)
         n = batch.tok_pos.shape[1]
         if a.input_feeding:  # the decoder attends step by step; h~ comes out dropped out
             assert keys is not None
-            mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
-            drop = None if mask is None else scatter_rows(mask, batch.tgt_tm_pos, (k, t, b, hd))
+            drop = time_major_multipliers(noise, a.dropout, batch.tgt_mask, batch.tgt_counts, batch.tgt_tm_pos, hd)
             dec = FeedingDecoder(a, w, enc, keys, h_fin, c_fin, batch.src_mask)
             u = teacher_forced(dec, y, drop).transpose(1, 2).reshape(k * b * t, hd)  # (K*B*T, Hd)
             u = u.index_select(0, pos).view(k, n, hd)
@@ -217,9 +220,9 @@ class FastEngine(Engine):
             u = w.combine_act_(torch.baddbmm(torch.bmm(q_tok, w.comb_h_t), ctx_tok, w.comb_ctx_t))
         else:
             u = q_tok
-        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, hd)
-        if mask is not None:
-            u = u * scatter_rows(mask, batch.tok_list_pos, (k, n, hd))
+        mult = token_multipliers(noise, a.dropout, batch, hd)
+        if mult is not None:
+            u = u * mult
         return linear_cross_entropy(u, w.out_t, w.out_b, batch.tok_target, IGNORE, hits, w.kern)
 
     def decoder(

@@ -45,9 +45,10 @@ import torch
 from torch import nn
 
 from trainables.data import BOS, EOS, SeqPairs, SplitData
-from trainables.errors import DataError
+from trainables.errors import ConfigError, DataError
 from trainables.models.base import MemberNoise
 from trainables.models.seq2seq.decode import decode
+from trainables.runtime import to_device
 
 IGNORE = -100
 """Target id of token-list padding (``F.cross_entropy``'s ``ignore_index``)."""
@@ -240,12 +241,15 @@ def collate(
     device: torch.device | str,
     reverse_source: bool,
     decode_len: Callable[[np.ndarray], np.ndarray],
+    buckets: bool = False,
 ) -> Seq2SeqBatch:
     """Build a :class:`Seq2SeqBatch` from member k's example indices ``rows[k]`` (equal lengths).
     When every member has the same rows (evaluation), one member's batch is built and
-    repeated (:func:`repeat_members`)."""
+    repeated (:func:`repeat_members`). With ``buckets`` S and T are padded up to a multiple
+    of :data:`LENGTH_BUCKET` and N to one of :data:`TOKEN_BUCKET` (more padding, which
+    changes no loss or gradient, for few distinct shapes: CUDA graphs)."""
     if len(rows) > 1 and all(r is rows[0] or np.array_equal(r, rows[0]) for r in rows[1:]):
-        one = collate(data, rows[:1], device, reverse_source, decode_len)
+        one = collate(data, rows[:1], device, reverse_source, decode_len, buckets)
         return repeat_members(one, len(rows))
     data = seq_pairs(data)
     index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
@@ -258,17 +262,21 @@ def collate(
             "example; drop empty sources from the task's data"
         )
     s, t = int(ls.max()), int(lt.max()) + 1
+    if buckets:
+        s, t = _round_up(s, LENGTH_BUCKET), _round_up(t, LENGTH_BUCKET)
 
     src_mask = np.arange(s) < ls[..., None]  # (K, B, S)
     steps_t = np.arange(s)
     src_rev = np.where(src_mask, ls[..., None] - 1 - steps_t, steps_t)  # its own inverse
-    src = src_all[index, :s]  # (K, B, S), zero-padded
+    src = np.zeros((k, b, s), dtype=np.int64)  # (K, B, S), zero-padded
+    src[..., : min(s, src_all.shape[1])] = src_all[index, :s]
     if reverse_source:
         src = np.take_along_axis(src, src_rev, axis=2)
 
     tgt_mask = np.arange(t) < (lt + 1)[..., None]  # (K, B, T)
     tgt_out = np.zeros((k, b, t), dtype=np.int64)
-    tgt_out[..., : t - 1] = tgt_all[index, : t - 1]
+    width = min(t - 1, tgt_all.shape[1])
+    tgt_out[..., :width] = tgt_all[index, :width]
     np.put_along_axis(tgt_out, lt[..., None], EOS, axis=2)
     tgt_in = np.zeros((k, b, t), dtype=np.int64)
     tgt_in[..., 0] = BOS
@@ -279,6 +287,8 @@ def collate(
     kk, bb, tt = np.nonzero(tgt_mask)
     counts = (lt + 1).sum(1)  # (K,)
     n = int(counts.max())
+    if buckets:
+        n = _round_up(n, TOKEN_BUCKET)
     j = np.arange(len(kk)) - (np.cumsum(counts) - counts)[kk]
     members = np.arange(k)[:, None]
     tok_pos = np.broadcast_to(members * b * t, (k, n)).copy()
@@ -294,7 +304,7 @@ def collate(
     sk, sb, st = np.nonzero(src_mask)
 
     def as_t(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+        return to_device(torch.from_numpy(np.ascontiguousarray(x)), device)
 
     return Seq2SeqBatch(
         src=as_t(src),
@@ -318,6 +328,16 @@ def collate(
         src_active=active_rows(src_mask),
         tgt_active=active_rows(tgt_mask),
     )
+
+
+LENGTH_BUCKET = 4
+"""With ``collate(..., buckets=True)``, S and T are padded up to a multiple of this."""
+TOKEN_BUCKET = 128
+"""With ``collate(..., buckets=True)``, the token list is padded up to a multiple of this."""
+
+
+def _round_up(x: int, q: int) -> int:
+    return -(-x // q) * q
 
 
 def repeat_members(one: Seq2SeqBatch, k: int) -> Seq2SeqBatch:
@@ -371,6 +391,12 @@ def dropout_masks(
     rate 0 gets rows of ones and draws nothing, as its lone run does."""
     if noise is None:
         return None
+    if noise.positional:
+        raise ConfigError(
+            "execution.cuda_graphs",
+            "the seq2seq reference implementation draws each member's masks row by row from its generator",
+            "use model.impl: fast, or execution.cuda_graphs: false",
+        )
     if noise.rates is not None:
         return _member_rate_masks(noise, counts, features)
     if p == 0.0:
@@ -383,6 +409,51 @@ def dropout_masks(
         ]
     )
     return (u < keep).to(u.dtype).mul_(1.0 / keep)
+
+
+def time_major_multipliers(
+    noise: MemberNoise | None,
+    p: float,
+    real: torch.Tensor,
+    counts: Sequence[int],
+    tm_pos: torch.Tensor,
+    features: int,
+) -> torch.Tensor | None:
+    """Dropout multipliers (K, X, B, F) for time-major activations whose real positions are
+    ``real`` (K, B, X) bool (0 at padding); None without noise or when p = 0.
+
+    Generator noise draws :func:`dropout_masks` rows (``counts``) and scatters them to
+    ``tm_pos``; positional noise (:attr:`MemberNoise.positional`) keys element (x, b, f) by
+    ``(x * B + b) * F + f``, which is where it sits in the member's own batch, so a lone run
+    and a bundle member get the same multiplier whatever the padding."""
+    if noise is None:
+        return None
+    k, b, x = real.shape
+    if noise.positional:
+        pos = torch.arange(x * b, device=real.device).view(1, x, b, 1) * features
+        elements = pos + torch.arange(features, device=real.device)
+        m = noise.multipliers(p, elements)  # type: ignore[attr-defined]
+        return None if m is None else m * real.transpose(1, 2).unsqueeze(-1)
+    mask = dropout_masks(noise, p, counts, features)
+    return None if mask is None else scatter_rows(mask, tm_pos, (k, x, b, features))
+
+
+def token_multipliers(noise: MemberNoise | None, p: float, batch: Seq2SeqBatch, features: int) -> torch.Tensor | None:
+    """Dropout multipliers (K, N, F) for the token list of ``batch`` (0 at its padding);
+    positional noise keys a listed token by its (time, example) place as
+    :func:`time_major_multipliers` does (see there)."""
+    if noise is None:
+        return None
+    k, b, t = batch.tgt_in.shape
+    n = batch.tok_pos.shape[1]
+    if noise.positional:
+        local = batch.tok_pos % (b * t)  # (K, N): b * T + t within the member
+        where = (local % t) * b + local // t
+        elements = where.unsqueeze(-1) * features + torch.arange(features, device=where.device)
+        m = noise.multipliers(p, elements)  # type: ignore[attr-defined]
+        return None if m is None else m * (batch.tok_target != IGNORE).unsqueeze(-1)
+    mask = dropout_masks(noise, p, batch.tgt_counts, features)
+    return None if mask is None else scatter_rows(mask, batch.tok_list_pos, (k, n, features))
 
 
 def _member_rate_masks(noise: MemberNoise, counts: Sequence[int], features: int) -> torch.Tensor | None:
