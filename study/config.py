@@ -72,6 +72,13 @@ class ExecutionConfig(FrozenConfig):
     CPU, at most the model's ``cpu_bundle_cap`` seeds each, split evenly (``study/plan.py``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where bundles run; ``auto`` is CUDA when a GPU is present, else CPU."""
+    cuda_graphs: bool = False
+    """On a GPU, replay each training step's loss and gradients from CUDA graphs (one per
+    padded batch shape) instead of launching its kernels one by one: several times faster
+    for launch-bound models (seq2seq; ``benchmarks/gpu_bundle.py``). Models without a
+    captured form run eagerly. With it every device, CPU included, draws dropout masks from
+    a counter-based hash (``trainables/models/counter_noise.py``), a different stream from
+    the default generators, so results differ from ``false`` as they differ between devices."""
     cpus_per_trial: float = Field(1.0, gt=0)
     """Ray CPUs each trial asks for."""
     gpus_per_trial: float = Field(0.0, ge=0)

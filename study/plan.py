@@ -121,6 +121,7 @@ def unit_payload(unit: Unit, cfg: StudyConfig, out: Path, study: str, device: st
         "spec": spec,
         "seeds": [s.as_dict() for s in unit.seeds],
         "device": device,
+        "cuda_graphs": cfg.execution.cuda_graphs,
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
         "keep_weights": cfg.execution.keep_weights,

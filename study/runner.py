@@ -230,9 +230,21 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
 
 def check_bundles(cfg: StudyConfig) -> None:
     """A fixed ``execution.bundle_size`` no larger than the model can train (``Model.max_bundle``,
-    e.g. one seed for seq2seq's ``impl: reference``)."""
+    e.g. one seed for seq2seq's ``impl: reference``), and ``execution.cuda_graphs`` only for
+    models that take its counter-based masks (``Model.takes_counter_noise``)."""
     from trainables.registry import MODELS
 
+    if cfg.execution.cuda_graphs:
+        for point in cfg.points:
+            if not MODELS.get(point.spec.model_name).takes_counter_noise(point.spec.model):
+                impl = getattr(point.spec.model, "impl", None)
+                raise ConfigError(
+                    "execution.cuda_graphs",
+                    f"model {point.spec.model_name!r}" + (f" with impl: {impl}" if impl else "")
+                    + " draws each member's dropout masks from its own generator, not the counter-based masks "
+                    "this setting uses",
+                    "set execution.cuda_graphs: false" + (", or use model.impl: fast" if impl == "reference" else ""),
+                )
     k = cfg.execution.bundle_size
     if k == "auto":
         return  # planning keeps to the limit

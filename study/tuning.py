@@ -108,6 +108,7 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "seed_extra": point.seed_extra,
         "seeds": [s.as_dict() for s in seedsets(candidate_point(point, block))],
         "device": resolve_device(cfg),
+        "cuda_graphs": cfg.execution.cuda_graphs,
         "threads": cfg.execution.threads,
         "report_every_s": cfg.execution.report_every_s,
         "loggers": driver_settings(cfg.execution.loggers),

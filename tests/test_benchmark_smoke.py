@@ -65,3 +65,13 @@ def test_transformer_benchmark_takes_a_study_config() -> None:
     assert [line.split()[0] for line in lines[1:4]] == ["(a)", "(b)", "(c)"]
     match = RATIO.search(lines[-1])
     assert match and float(match.group(1)) > 0
+
+
+def test_gpu_bundle_benchmark_runs_its_three_ways_on_the_cpu() -> None:
+    """On a CPU no graph is captured ((c) is (b)'s counter masks, eagerly): the script still
+    runs every variant, (b) and (c) end bit-identical, and it prints the ratio last."""
+    lines = _run("benchmarks/gpu_bundle.py", "--device", "cpu", "--k", "2", "--steps", "3", "--warm", "2",
+                 "--eval", "40", "--train-size", "400")
+    assert [line[:3] for line in lines[:3]] == ["(a)", "(b)", "(c)"]
+    assert lines[3].endswith("largest parameter difference 0")
+    assert lines[-1].startswith("training steps (a)/(c) = ") and "K=2, cpu" in lines[-1]

@@ -33,6 +33,15 @@ TestBuiltins = contract_suite(
 TestBuiltinsOnCuda = pytest.mark.cuda(
     contract_suite(tasks=BUILTIN_TASKS, models=BUILTIN_MODELS, data_root=SHARED_DATA, device="cuda")
 )
+# execution.cuda_graphs: counter-based dropout masks for every family; on CUDA the seq2seq
+# training step replayed from CUDA graphs (every other family runs eagerly with those masks)
+TestCounterNoise = contract_suite(
+    tasks=["symbol_rewriting", "toy2d", "modular"], models=["seq2seq", "mlp", "transformer"], cuda_graphs=True,
+    pair_marks={"symbol_rewriting-transformer": pytest.mark.slow, "modular-seq2seq": pytest.mark.slow},
+)
+TestBuiltinsOnCudaGraphs = pytest.mark.cuda(
+    contract_suite(tasks=BUILTIN_TASKS, models=BUILTIN_MODELS, data_root=SHARED_DATA, device="cuda", cuda_graphs=True)
+)
 
 
 def test_the_builtins_are_registered_through_their_entry_points() -> None:

@@ -36,7 +36,9 @@ import numpy as np
 import torch
 
 from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
+from trainables.graphs import CapturedLoss
 from trainables.models.base import MemberNoise, Model
+from trainables.models.counter_noise import CounterNoise
 from trainables.optim import (
     BundledOptimizer,
     MemberHparams,
@@ -45,6 +47,7 @@ from trainables.optim import (
     make_optimizer,
 )
 from trainables.registry import MODELS
+from trainables.runtime import to_device
 from trainables.schedules import lr_factor
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
 from trainables.spec import RunSpec, check_data_order
@@ -130,6 +133,7 @@ class BundleRun:
         data: TaskData,
         device: torch.device | str = "cpu",
         member_specs: Sequence[RunSpec] | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         data_seeds = {s.data_seed for s in seeds}
         if len(data_seeds) != 1:
@@ -158,7 +162,10 @@ class BundleRun:
         """``slots[row]``: the member whose parameters sit in model row ``row``."""
         self.members = [Member(s) for s in seeds]
         self.model = build_model(spec, data, seeds, rates).to(self.device)
-        self.noise = MemberNoise([s.dropout_seed for s in seeds], self.device, rates)
+        noise_kind = CounterNoise if cuda_graphs else MemberNoise
+        self.noise = noise_kind([s.dropout_seed for s in seeds], self.device, rates)
+        """Dropout streams: per-member generators, or with ``cuda_graphs`` (on every device,
+        so CPU and GPU draw the same masks) the counter-based ones a graph can replay."""
         self.order_rngs = [numpy_rng(s.order_seed) for s in seeds]
         make_fused: Callable[[Any, Any], Any] | None = getattr(type(self.model), "make_fused_step", None)
         self.fused = make_fused(self.model, self.train_cfg) if make_fused is not None else None
@@ -167,6 +174,11 @@ class BundleRun:
             if take is None or not take(self.hparams):
                 self.fused = None  # a fused step without these values: the generic step
         self.optimizer = self._optimizer() if self.fused is None else None
+        self.captured: CapturedLoss | None = None
+        """The training loss as CUDA graphs (``execution.cuda_graphs`` on a GPU, generic step)."""
+        if cuda_graphs and self.device.type == "cuda" and self.fused is None:
+            assert spec.train.loss_reduction is not None
+            self.captured = CapturedLoss(self.model, self.noise, spec.train.loss_reduction)
         self.train_split = data.train
         self.n_train = len(self.train_split)
         check_data_order(self.train_cfg, task)
@@ -200,7 +212,7 @@ class BundleRun:
         return self.epoch >= self.train_cfg.max_epochs
 
     def _active_mask(self) -> torch.Tensor:
-        return torch.tensor([self.members[m].active for m in self.slots], device=self.device)
+        return to_device(torch.tensor([self.members[m].active for m in self.slots]), self.device)
 
     # ----------------------------------------------------------------- training
     def _next_rows(self, k: int, b: int) -> np.ndarray:
@@ -263,7 +275,16 @@ class BundleRun:
         clip_grad_norms_([p.grad for p in self.model.parameters() if p.grad is not None], self.hparams)
 
     def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
-        batch = self.model.make_batch(data, self.model.train_layout(data, rows), self.device)
+        layout = self.model.train_layout(data, rows)
+        static = None if self.captured is None else self.model.graph_batch(data, layout, self.device)
+        if static is not None:  # loss and gradients replayed from a CUDA graph
+            assert self.captured is not None and self.optimizer is not None
+            self._set_lr()
+            losses = self.captured(static, self._active_mask())
+            self._clip()
+            self.optimizer.step()
+            return losses
+        batch = self.model.make_batch(data, layout, self.device)
         active = self._active_mask()
         self._set_lr()
         if self.fused is not None:
@@ -295,6 +316,11 @@ class BundleRun:
                 ]
         running = [m.active for m in self.members]
         loss_sum = torch.zeros(self.k, dtype=torch.float64, device=self.device)
+        # on a GPU, reading a loss every step would make the host wait for the GPU each
+        # step; there a member whose loss is not finite is marked at the round's end (its
+        # NaN stays its own: members' gradients are independent, and it is evaluated at
+        # its selected state)
+        nonfinite = torch.zeros(self.k, dtype=torch.bool, device=self.device) if self.device.type == "cuda" else None
         n_examples = 0
         for _ in range(n_steps):
             data, rows = self._train_batch()
@@ -302,11 +328,12 @@ class BundleRun:
             self.step += 1
             loss_sum += losses.double()
             n_examples += len(rows[0])
-            bad = ~torch.isfinite(losses)
-            if bool(bad.any()):
-                for row in torch.nonzero(bad).flatten().tolist():
-                    if self.members[self.slots[row]].active:
-                        self.members[self.slots[row]].status = "diverged"
+            if nonfinite is not None:
+                nonfinite |= ~torch.isfinite(losses)
+            else:
+                self._mark_diverged(~torch.isfinite(losses))
+        if nonfinite is not None:
+            self._mark_diverged(nonfinite)
         self.rounds += 1
         if not self.step_based:
             self.epoch += 1
@@ -327,7 +354,15 @@ class BundleRun:
             "objective": float(np.nanmean(objective)) if n_examples else float("nan"),
         }
 
+    def _mark_diverged(self, bad: torch.Tensor) -> None:
+        """Mark the members of rows ``bad`` (K,) bool as diverged (a non-finite loss)."""
+        if bool(bad.any()):
+            for row in torch.nonzero(bad).flatten().tolist():
+                if self.members[self.slots[row]].active:
+                    self.members[self.slots[row]].status = "diverged"
+
     # ----------------------------------------------------------------- evaluation
+
     def _row(self, m: Member, epoch: int | None, split: str, role: str, metric: str, value: float) -> dict[str, Any]:
         return {
             "seed": m.seeds.index, "epoch": epoch, "step": self.step,
@@ -450,6 +485,8 @@ class BundleRun:
         if self.optimizer is not None:
             self.optimizer.keep_rows(keep)
         self.noise.keep(keep)
+        if self.captured is not None:
+            self.captured.clear()  # the parameters have new storage
         self.hparams = self.hparams.keep(keep)
         self.slots = [self.slots[row] for row in keep]
         self.k = self.model.k = len(keep)
@@ -460,6 +497,7 @@ class BundleRun:
             return
         members = [m.seeds for m in self.members]
         self.model = build_model(self.spec, self.data, members, self.member_dropout).to(self.device)
+        self.captured = None  # graphs of the old model; training is over
         self.slots = list(range(len(self.members)))
         self.hparams = MemberHparams.of(self.member_specs)
         self.k = len(self.members)

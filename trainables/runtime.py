@@ -67,3 +67,13 @@ def quiet_sigterm_in_callbacks() -> None:
 
     hook._fineline_quiet = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` (a CPU tensor) on ``device``. To a GPU through pinned memory and without
+    waiting: a copy from pageable memory waits for every kernel queued before it, so a
+    batch built on the host could not overlap the GPU's previous step."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -99,7 +99,8 @@ class FinelineTrainable(tune.Trainable):
         seeds = [SeedSet(**s) for s in self.unit["seeds"]]
         task, data = self._data(seeds[0].data_seed)
         self.run = BundleRun(
-            self.spec, seeds, task, data, resolve_device(self.unit["device"]), member_specs=self._member_specs()
+            self.spec, seeds, task, data, resolve_device(self.unit["device"]), member_specs=self._member_specs(),
+            cuda_graphs=bool(self.unit.get("cuda_graphs", False)),
         )
         self.started_at = dt.datetime.now(dt.UTC)
         self.committed = False

@@ -57,6 +57,7 @@ None. Throughput and what was tried: ``benchmarks/seq2seq_kernels.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -184,9 +185,20 @@ class Seq2SeqConfig(FrozenConfig):
         return self
 
 
-def _per_example(values: torch.Tensor, batch: Seq2SeqBatch) -> torch.Tensor:
-    """Per-token values (K, N) summed over each example's tokens -> (K, B)."""
+def _per_example(values: torch.Tensor, batch: Seq2SeqBatch, dense: bool | None = None) -> torch.Tensor:
+    """Per-token values (K, N) summed over each example's tokens -> (K, B).
+
+    On CUDA ``index_add_`` adds with atomics, in an order that changes from run to run (so
+    would the last bits of an evaluation's loss): there each token goes to its own slot of
+    a dense (K, B, T) grid (list padding to a slot past it), which is then summed over T
+    (``dense``: that way or not; None: on CUDA)."""
     k, b = batch.src_len.shape
+    if values.is_cuda if dense is None else dense:
+        t = batch.tgt_in.shape[2]
+        trash = k * b * t
+        slot = torch.where(batch.tok_target != IGNORE, batch.tok_pos, trash).view(-1)
+        dense = values.new_zeros(trash + 1).index_put_((slot,), values.reshape(-1))
+        return dense[:trash].view(k, b, t).sum(2)
     out = values.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), values.view(-1))
     return out.view(k, b)
 
@@ -358,6 +370,20 @@ class Seq2Seq(Model):
     ) -> Seq2SeqBatch:
         assert len(rows) == self.k, f"expected rows for {self.k} members, got {len(rows)}"
         return collate(data, rows, device, self.cfg.reverse_source, self.decode_len)
+
+    def graph_batch(self, data: SplitData, rows: Sequence[np.ndarray], device: torch.device) -> Seq2SeqBatch | None:
+        """The fast implementation's batch padded to length and token buckets
+        (``collate(..., buckets=True)``), without the generator-noise positions (positional
+        noise does not read them) and without ``active`` rows (the torch ops compute every
+        row). None for ``impl: reference`` (a Python loop over its member)."""
+        if self.cfg.impl != "fast":
+            return None
+        batch = collate(data, rows, device, self.cfg.reverse_source, self.decode_len, buckets=True)
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return dataclasses.replace(
+            batch, src_counts=(), tgt_counts=(), src_tm_pos=none, tgt_tm_pos=none, tok_list_pos=none,
+            src_active=(), tgt_active=(),
+        )
 
     def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each member's rows by decreasing target length (stable): the sequences that end
