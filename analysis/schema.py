@@ -52,6 +52,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("bundling", pa.string()),  # hand (a hand-bundled family), vmap, or loop (plain modules)
             ("kernels", pa.string()),  # c (compiled CPU kernels, trainables/models/ckernels.py) or torch
             ("kernel_flags", pa.string()),  # the kernels' compiler flags ("" for torch ops)
+            ("dropout_masks", pa.string()),  # generator (a torch.Generator per member) or counter (execution.cuda_graphs)
         ]
     ),
     "runs": pa.schema(

@@ -334,6 +334,7 @@ class FinelineTrainable(tune.Trainable):
                 "versions_json": u.get("versions_json", "{}"), "bundle_size": len(ks),
                 "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
                 "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
+                "dropout_masks": "counter" if run.noise.positional else "generator",
                 **cfg.get("flat", {}), **final, **bundle,
                 **({"optuna_number": int(number)} if number is not None else {}),
             }

@@ -57,9 +57,9 @@ def test_run_lands_one_eval_row_per_seed_split_metric(finished: tuple[Path, Path
     runs = sql(out, "SELECT seed, status, selected_epoch, init_seed, data_seed FROM runs ORDER BY seed")
     assert [r["seed"] for r in runs] == [0, 1, 2]
     assert len({r["init_seed"] for r in runs}) == 3 and len({r["data_seed"] for r in runs}) == 1
-    trials = sql(out, "SELECT unit_id, node, bundle_size, train_lr FROM trials")
+    trials = sql(out, "SELECT unit_id, node, bundle_size, train_lr, dropout_masks FROM trials WHERE study = 'tiny'")
     assert sorted(t["bundle_size"] for t in trials) == [1, 2] and all(t["node"] for t in trials)
-    assert all(t["train_lr"] == 0.125 for t in trials)
+    assert all(t["train_lr"] == 0.125 and t["dropout_masks"] == "generator" for t in trials)
     curves = sql(out, "SELECT DISTINCT epoch FROM metrics WHERE split = 'val' AND metric = 'accuracy' ORDER BY 1")
     assert [c["epoch"] for c in curves] == [1, 2]
     preds = sql(out, "SELECT split, count(*) AS n FROM predictions WHERE seed = 0 GROUP BY split ORDER BY split")
@@ -150,3 +150,15 @@ def test_resume_keeps_each_grid_points_own_seed_count(tmp_path: Path) -> None:
     assert "3/3 runs committed" in res.stdout, res.stdout + res.stderr
     counts = sql(out, "SELECT count(*) AS n FROM runs WHERE study = 'percount'")
     assert counts == [{"n": 3}]
+
+
+def test_counter_masks_are_recorded_and_change_the_run(finished: tuple[Path, Path]) -> None:
+    """``execution.cuda_graphs`` on a CPU: no graph, but the counter-based masks (another
+    stream), said in each unit's trials row; the same seeds then train differently."""
+    cfg, out = finished
+    study("run", str(cfg), "execution.cuda_graphs=true", "--name", "tiny_counter", "--out", str(out), "--num-cpus", "2")
+    masks = sql(out, "SELECT study, dropout_masks, count(*) AS n FROM trials GROUP BY ALL ORDER BY study")
+    assert [(m["study"], m["dropout_masks"]) for m in masks] == [("tiny", "generator"), ("tiny_counter", "counter")]
+    loss = "SELECT value FROM evals WHERE study = '{}' AND seed = 0 AND split = 'train' AND metric = 'loss'"
+    assert sql(out, loss.format("tiny"))[0]["value"] != sql(out, loss.format("tiny_counter"))[0]["value"]
+
