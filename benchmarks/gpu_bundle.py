@@ -54,9 +54,10 @@ def bundle(cfg_path: Path, k: int, train_size: int | None, device: torch.device,
     seeds = seedsets(point)
     task = point.spec.make_task()
     data = task.build(seeds[0].data_seed)
+    if graphs:
+        return BundleRun(point.spec, seeds, task, data, device, cuda_graphs=True), data
     # without the keyword when off: --only a also runs on checkouts from before it existed
-    extra = {"cuda_graphs": True} if graphs else {}
-    return BundleRun(point.spec, seeds, task, data, device, **extra), data
+    return BundleRun(point.spec, seeds, task, data, device), data
 
 
 def eval_split(data: Any, n: int) -> Split:
@@ -137,8 +138,9 @@ def main() -> None:
     for key in args.only or "abc":
         name, graphs, capture = variants[key]
         run, data = bundle(args.config, args.k, args.train_size, device, graphs)
-        if getattr(run, "captured", None) is not None and not capture:
-            run.captured.warm_sightings = 10**9  # never captured: the same batches op by op
+        captured = getattr(run, "captured", None)
+        if captured is not None and not capture:
+            captured.warm_sightings = 10**9  # never captured: the same batches op by op
         results[key] = measure(args.label or name, run, eval_split(data, args.eval), args.warm, args.steps)
         runs[key] = run
     if {"b", "c"} <= set(runs):

@@ -58,6 +58,11 @@ class MemberNoise:
     def __len__(self) -> int:
         return len(self.generators)
 
+    def multipliers(self, p: float, elements: torch.Tensor) -> torch.Tensor | None:
+        """Masks keyed by position (:attr:`positional` noise only; see
+        :class:`~trainables.models.counter_noise.CounterNoise`)."""
+        raise TypeError("generator noise draws rows in order; it has no masks keyed by position")
+
     def member_rates(self, p: float) -> tuple[float, ...]:
         """Each member's dropout probability where the model's is ``p``."""
         return self.rates if self.rates is not None else (p,) * len(self.generators)

@@ -31,6 +31,11 @@ only on the member's own batch, never on the padding of the bundle, and skips th
 lengths that draw (``MemberNoise.dropout_mask``, ``bernoulli_``) took about 1.3 ms of a
 ~12 ms step on one thread, these ``torch.rand`` draws about 0.3 ms. A unit is kept when
 ``u < 1 - p`` and scaled by ``1/(1-p)``.
+
+With ``execution.cuda_graphs`` the masks are positional instead
+(:class:`~trainables.models.counter_noise.CounterNoise`): drawn over the padded grid, each
+element keyed by its place in the member's own batch (:func:`time_major_multipliers`,
+:func:`token_multipliers`), 0 at padding; again the same for a lone run and a bundle member.
 """
 
 from __future__ import annotations
@@ -432,7 +437,7 @@ def time_major_multipliers(
     if noise.positional:
         pos = torch.arange(x * b, device=real.device).view(1, x, b, 1) * features
         elements = pos + torch.arange(features, device=real.device)
-        m = noise.multipliers(p, elements)  # type: ignore[attr-defined]
+        m = noise.multipliers(p, elements)
         return None if m is None else m * real.transpose(1, 2).unsqueeze(-1)
     mask = dropout_masks(noise, p, counts, features)
     return None if mask is None else scatter_rows(mask, tm_pos, (k, x, b, features))
@@ -450,7 +455,7 @@ def token_multipliers(noise: MemberNoise | None, p: float, batch: Seq2SeqBatch, 
         local = batch.tok_pos % (b * t)  # (K, N): b * T + t within the member
         where = (local % t) * b + local // t
         elements = where.unsqueeze(-1) * features + torch.arange(features, device=where.device)
-        m = noise.multipliers(p, elements)  # type: ignore[attr-defined]
+        m = noise.multipliers(p, elements)
         return None if m is None else m * (batch.tok_target != IGNORE).unsqueeze(-1)
     mask = dropout_masks(noise, p, batch.tgt_counts, features)
     return None if mask is None else scatter_rows(mask, batch.tok_list_pos, (k, n, features))

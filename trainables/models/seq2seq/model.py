@@ -197,8 +197,8 @@ def _per_example(values: torch.Tensor, batch: Seq2SeqBatch, dense: bool | None =
         t = batch.tgt_in.shape[2]
         trash = k * b * t
         slot = torch.where(batch.tok_target != IGNORE, batch.tok_pos, trash).view(-1)
-        dense = values.new_zeros(trash + 1).index_put_((slot,), values.reshape(-1))
-        return dense[:trash].view(k, b, t).sum(2)
+        grid = values.new_zeros(trash + 1).index_put_((slot,), values.reshape(-1))
+        return grid[:trash].view(k, b, t).sum(2)
     out = values.new_zeros(k * b).index_add_(0, batch.tok_example.view(-1), values.view(-1))
     return out.view(k, b)
 
