@@ -48,6 +48,15 @@ class _Graph:
     grads: list[torch.Tensor | None]
 
 
+def loss_backward(model: Model, batch: Any, noise: MemberNoise | None, reduction: str, active: torch.Tensor) -> torch.Tensor:
+    """The generic training step's loss and backward: the (K,) losses of ``batch``, the
+    active members' (``active`` (K,) bool) summed and differentiated; returns the losses
+    detached, gradients in ``p.grad`` (added to what is there)."""
+    losses = model.loss(batch, noise, reduction)  # (K,)
+    torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
+    return losses.detach()
+
+
 def tensor_fields(batch: Any) -> list[str]:
     """Names of a dataclass batch's tensor fields (what a graph reads)."""
     return [f.name for f in dataclasses.fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)]
@@ -87,9 +96,7 @@ class CapturedLoss:
         return list(self.model.parameters())
 
     def _loss_backward(self, batch: Any, active: torch.Tensor) -> torch.Tensor:
-        losses = self.model.loss(batch, self.noise, self.reduction)  # (K,)
-        torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
-        return losses.detach()
+        return loss_backward(self.model, batch, self.noise, self.reduction, active)
 
     def _eager(self, batch: Any, active: torch.Tensor) -> torch.Tensor:
         self.eager += 1

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
-from trainables.graphs import CapturedLoss
+from trainables.graphs import CapturedLoss, loss_backward
 from trainables.models.base import MemberNoise, Model
 from trainables.models.counter_noise import CounterNoise
 from trainables.optim import (
@@ -277,27 +277,23 @@ class BundleRun:
     def _optimizer_step(self, data: SplitData, rows: list[np.ndarray]) -> torch.Tensor:
         layout = self.model.train_layout(data, rows)
         static = None if self.captured is None else self.model.graph_batch(data, layout, self.device)
-        if static is not None:  # loss and gradients replayed from a CUDA graph
-            assert self.captured is not None and self.optimizer is not None
-            self._set_lr()
-            losses = self.captured(static, self._active_mask())
-            self._clip()
-            self.optimizer.step()
-            return losses
-        batch = self.model.make_batch(data, layout, self.device)
+        batch = static if static is not None else self.model.make_batch(data, layout, self.device)
         active = self._active_mask()
         self._set_lr()
         if self.fused is not None:
             return self.fused(batch, active)
         assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        reduction = self.train_cfg.loss_reduction
-        assert reduction is not None, "RunSpec.from_dict resolves it to the model's default"
-        losses = self.model.loss(batch, self.noise, reduction)  # (K,)
-        torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
+        if static is not None:  # loss and gradients replayed from a CUDA graph
+            assert self.captured is not None
+            losses = self.captured(static, active)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            reduction = self.train_cfg.loss_reduction
+            assert reduction is not None, "RunSpec.from_dict resolves it to the model's default"
+            losses = loss_backward(self.model, batch, self.noise, reduction, active)
         self._clip()
         self.optimizer.step()
-        return losses.detach()
+        return losses
 
     def train_round(self) -> dict[str, Any]:
         """One epoch (or ``eval_every_steps`` steps), then curves and selection."""

@@ -65,7 +65,7 @@ class MemberNoise:
 
     def member_rates(self, p: float) -> tuple[float, ...]:
         """Each member's dropout probability where the model's is ``p``."""
-        return self.rates if self.rates is not None else (p,) * len(self.generators)
+        return self.rates if self.rates is not None else (p,) * len(self)
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep the streams (and rates) of rows ``rows`` only (compaction)."""

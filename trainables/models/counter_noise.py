@@ -26,6 +26,7 @@ changes a run's trajectory, as the device already does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -101,9 +102,6 @@ class CounterNoise(MemberNoise):
     def __len__(self) -> int:
         return int(self.lo.shape[0])
 
-    def member_rates(self, p: float) -> tuple[float, ...]:
-        return self.rates if self.rates is not None else (p,) * len(self)
-
     def keep(self, rows: Sequence[int]) -> None:
         index = torch.tensor(list(rows), dtype=torch.int64, device=self.device)
         self.lo, self.hi, self.counter = (x.index_select(0, index) for x in (self.lo, self.hi, self.counter))
@@ -163,9 +161,6 @@ class CounterNoise(MemberNoise):
     def dropout_mask(self, p: float, shape: Sequence[int]) -> torch.Tensor:
         """:meth:`MemberNoise.dropout_mask`: masks (K, *shape), each element keyed by its
         flat index in ``shape`` (a canonical per-member shape)."""
-        n = 1
-        for d in shape:
-            n *= int(d)
-        elements = torch.arange(n, dtype=torch.int64, device=self.device).view(1, *shape)
+        elements = torch.arange(math.prod(shape), dtype=torch.int64, device=self.device).view(1, *shape)
         m = self.multipliers(p, elements)
         return torch.ones((len(self), *shape), device=self.device) if m is None else m
