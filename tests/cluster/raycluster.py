@@ -118,22 +118,31 @@ def _ephemeral_low() -> int:
 _PICK = random.SystemRandom()
 
 
-def free_port() -> int:
+def free_port(avoid: set[int] | None = None) -> int:
     """A port free now, below the ephemeral range: the OS gives ports of that range to every
     outgoing connection (Ray's processes make many), so one picked there by binding port 0
-    can be taken again before the node that is told to use it binds it."""
+    can be taken again before the node that is told to use it binds it.
+
+    Nothing holds the port, so two calls can return the same one: a caller that needs several
+    at once passes the ones it already has as ``avoid`` (this function adds its pick to it)."""
+    avoid = set() if avoid is None else avoid
     high = min(_ephemeral_low(), 32768) - 1
     for _ in range(200):
         port = _PICK.randint(20000, high)
+        if port in avoid:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            avoid.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    avoid.add(port)
+    return port
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -217,7 +226,7 @@ class Cluster:
         self.root = Path(tempfile.mkdtemp(prefix="flc-", dir="/tmp"))
         self.token = self.root / "auth_token"
         self.token.write_text(secrets.token_hex(32))
-        self.port = free_port()
+        self.port = 0  # the head's GCS port, drawn with its other ports at each try
         self.node_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
             "RAY_AUTH_MODE": "token",  # every node agrees (as cluster.yaml does)
@@ -228,15 +237,21 @@ class Cluster:
             "RAY_health_check_timeout_ms": "1000",
             "RAY_health_check_failure_threshold": "3",
         }
-        head = f"--head --port {self.port} --temp-dir {self.root / 'ray'} --include-dashboard false"
-        self.head = self._node("head", [*head.split(), "--dashboard-port", str(free_port())])
+        self.head = self._node("head", self._head_args)
         self.workers: list[RayNode] = []
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _node(self, name: str, extra: list[str]) -> RayNode:
+    def _head_args(self, taken: set[int]) -> list[str]:
+        self.port = free_port(taken)
+        head = f"--head --port {self.port} --temp-dir {self.root / 'ray'} --include-dashboard false"
+        return [*head.split(), "--dashboard-port", str(free_port(taken))]
+
+    def _node(self, name: str, extra: Callable[[set[int]], list[str]]) -> RayNode:
+        """Start one node; ``extra`` gives its own arguments from the set of ports taken so far
+        at this try (every port of one try is distinct: a repeat makes Ray refuse to start)."""
         ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
         # worker ports 0: each worker process takes a free port
@@ -244,9 +259,10 @@ class Cluster:
         start += " --min-worker-port 0 --max-worker-port 0"
         failed = ""
         for attempt in range(3):  # a port taken between picking it and the node binding it
-            args = [sys.executable, "-m", "ray.scripts.scripts", *start.split(), *extra]
+            taken: set[int] = {self.port} if self.port else set()
+            args = [sys.executable, "-m", "ray.scripts.scripts", *start.split(), *extra(taken)]
             for flag in ports:  # fixed defaults (e.g. the agent's 52365) would clash between nodes
-                args += [flag, str(free_port())]
+                args += [flag, str(free_port(taken))]
             log = self.root / f"{name}-{attempt}.log"
             node = RayNode(name, args, self.node_env, log)
             try:
@@ -261,7 +277,7 @@ class Cluster:
         raise AssertionError(f"{name} did not start in 3 tries:{failed}")
 
     def add_worker(self) -> RayNode:
-        node = self._node(f"worker{len(self.workers) + 1}", ["--address", self.address])
+        node = self._node(f"worker{len(self.workers) + 1}", lambda _: ["--address", self.address])
         self.workers.append(node)
         return node
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from raycluster import Cluster, Proc, family, send, wait_for
+from raycluster import Cluster, Proc, family, free_port, send, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "tiny_cluster.yaml"
@@ -303,3 +303,13 @@ def test_tiny_cluster_config_is_a_valid_study() -> None:
     assert raw["execution"]["bundle_size"] == 2 and raw["seeds"]["count"] == 4
     assert raw["train"]["selection"]["early_stop"] is False  # every trial runs all its epochs
     assert len(trial_id()) > 8
+
+
+def test_ports_drawn_for_one_node_are_distinct() -> None:
+    # CI once drew the head's GCS port again as its dashboard port, and Ray refused to start.
+    taken: set[int] = set()
+    ports = [free_port(taken) for _ in range(9)]
+    assert len(set(ports)) == 9 and taken == set(ports)
+    # with all but one port of the range taken, a draw never returns a taken one
+    crowded = set(range(20000, 32768)) - {ports[0]}
+    assert free_port(crowded) not in set(range(20000, 32768)) - {ports[0]}
