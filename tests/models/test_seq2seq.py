@@ -379,13 +379,16 @@ def test_bundle_member_training_equals_lone_and_reference_runs(kernels: str, fee
     assert moved > 0.1
     for i in range(k):
         lone, lone_first, _ = train(Seq2Seq(Seq2SeqConfig(**cfg), meta, 1), [i])
-        ref, _, _ = train(Seq2Seq(Seq2SeqConfig(**cfg, impl="reference"), meta, 1), [i])
         assert lone_first[0] == pytest.approx(first[i], rel=1e-6)
         mine = bundle.member_state(i)
         for name, value in lone.member_state(0).items():
             assert rel(mine[name], value) < (1e-7 if feeding else 1e-5), (i, name)
-        for name, value in ref.member_state(0).items():
-            assert rel(mine[name], value) < ref_tol, (i, name)
+    # The reference implementation against the last member only: each member already equals
+    # its own lone fast run, so one member ties the fast path to the reference.
+    ref, _, _ = train(Seq2Seq(Seq2SeqConfig(**cfg, impl="reference"), meta, 1), [k - 1])
+    mine = bundle.member_state(k - 1)
+    for name, value in ref.member_state(0).items():
+        assert rel(mine[name], value) < ref_tol, name
 
 
 def test_example_losses_equal_unpadded_single_example_losses(kernels: str) -> None:
