@@ -29,6 +29,7 @@ app = typer.Typer(
     "one config trained with one seed; a bundle is the seeds of one config trained together as "
     "one Ray Tune trial; a candidate is one config an Optuna search proposed (an Optuna trial).",
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 OutOpt = Annotated[Path, typer.Option("--out", help="Results folder (Parquet tables, study folders).")]
