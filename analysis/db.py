@@ -397,8 +397,11 @@ class StudyInfo:
     done: int
     """Committed runs (any status: a committed run is finished)."""
     ok: int
-    failed: int
+    not_learned: int
+    """Committed runs that never learned (e.g. Weber et al.'s stopping rule): counted apart."""
     diverged: int
+    pending: int | None
+    """Runs planned and not yet committed (``None`` without a manifest)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -412,7 +415,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
         rows = con.execute(
             "SELECT study, count(*) AS done, "
             "count(*) FILTER (WHERE status = 'ok') AS ok, "
-            "count(*) FILTER (WHERE status = 'failed') AS failed, "
+            "count(*) FILTER (WHERE status = 'not_learned') AS not_learned, "
             "count(*) FILTER (WHERE status = 'diverged') AS diverged "
             "FROM runs GROUP BY study"
         ).fetchall()
@@ -429,7 +432,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
         names &= set(only)
     for name in sorted(names):
         m = load_manifest(out, name)
-        done, ok, failed, diverged = counts.get(name, (0, 0, 0, 0))
+        done, ok, not_learned, diverged = counts.get(name, (0, 0, 0, 0))
         task, model = from_trials.get(name, (None, None))
         configs, planned = _planned(m)
         infos.append(
@@ -442,8 +445,9 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
                 planned=planned,
                 done=int(done),
                 ok=int(ok),
-                failed=int(failed),
+                not_learned=int(not_learned),
                 diverged=int(diverged),
+                pending=None if planned is None else max(planned - int(done), 0),
             )
         )
     return infos

@@ -315,17 +315,19 @@ def test_list_studies_counts_committed_runs(out: Path) -> None:
         json.dumps({"name": "planned_only", "kind": "tune", "seeds": 2,
                     "points": [{"trial_id": "a", "point": {}}, {"trial_id": "b", "point": {}}]})
     )  # fmt: skip
+    _write(out, "runs", "s4", "t4-0.parquet", [_run("s4", "t4", 0, status="not_learned")])
     infos = {i.name: i for i in list_studies(out)}
-    assert set(infos) == {"s1", "s2", "planned_only"}
+    assert set(infos) == {"s1", "s2", "s4", "planned_only"}
+    assert (infos["s4"].done, infos["s4"].ok, infos["s4"].not_learned) == (1, 0, 1)
     p = infos["planned_only"]
-    assert (p.kind, p.planned, p.done, p.failed) == ("tune", 4, 0, 0)
+    assert (p.kind, p.planned, p.done, p.not_learned, p.pending) == ("tune", 4, 0, 0, 4)
     assert [i.name for i in list_studies(out, only=["s2"])] == ["s2"]
     s1, s2 = infos["s1"], infos["s2"]
     assert (s1.kind, s1.task, s1.model, s1.planned) == ("seeds", "taskA", "modelA", 3)
-    assert (s1.done, s1.ok, s1.failed, s1.diverged) == (2, 2, 0, 0)
+    assert (s1.done, s1.ok, s1.not_learned, s1.diverged, s1.pending) == (2, 2, 0, 0, 1)
     assert (s2.kind, s2.task, s2.planned) == (None, "taskB", None)  # no manifest
-    assert (s2.done, s2.diverged) == (1, 1)
+    assert (s2.done, s2.diverged, s2.pending) == (1, 1, None)
     lines = format_studies(list(infos.values())).splitlines()
     assert lines[0].split()[:4] == ["name", "kind", "task", "model"]
     listed = json.loads(format_studies(list_studies(out), "json"))
-    assert [(r["name"], r["done"]) for r in listed] == [("planned_only", 0), ("s1", 2), ("s2", 1)]
+    assert [(r["name"], r["done"]) for r in listed] == [("planned_only", 0), ("s1", 2), ("s2", 1), ("s4", 1)]
