@@ -360,12 +360,10 @@ def analyze(
         return json.dumps(jsonable(doc), indent=1)
     head = f"Study {study}"
     if info:
-        other = info.done - info.ok - info.failed - info.diverged
         head += (
             f" ({info.kind or '?'}; task {info.task or '?'}, model {info.model or '?'}): "
             f"{info.done} runs done of {info.planned if info.planned is not None else '?'} "
-            f"planned ({info.ok} ok, {info.failed} failed, {info.diverged} diverged"
-            f"{f', {other} other (e.g. not_learned)' if other else ''})"
+            f"planned ({info.statuses()})"
         )
     parts = [head, "", *verdict_text(verdict), ""]
     parts += [

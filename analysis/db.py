@@ -406,6 +406,13 @@ class StudyInfo:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def statuses(self) -> str:
+        """The committed runs by status, e.g. ``59 ok, 1 not_learned, 0 diverged``; runs of
+        any other status are counted as ``other``."""
+        other = self.done - self.ok - self.not_learned - self.diverged
+        text = f"{self.ok} ok, {self.not_learned} not_learned, {self.diverged} diverged"
+        return text + (f", {other} other" if other else "")
+
 
 def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyInfo]:
     """Every study under ``out`` (with a manifest or with results), sorted by name;

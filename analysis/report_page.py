@@ -58,13 +58,13 @@ def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
     rows += [("model", (m and m.model) or (info and info.model) or "?")]
     if info:
         planned = "?" if info.planned is None else str(info.planned)
-        other = info.done - info.ok - info.failed - info.diverged
+        left_out = info.done - info.ok
         rows.append(
             (
                 "runs",
-                f"{info.done} done of {planned} planned: {info.ok} ok, "
-                f"{info.failed} failed, {info.diverged} diverged"
-                + (f", {other} other (not_learned...), left out of every number" if other else ""),
+                f"{info.done} done of {planned} planned: {info.statuses()}"
+                + (f" (the {left_out} not ok: left out of means and bands, counted in the verdict)"
+                   if left_out else ""),
             )
         )
     seeds = seeds_row(m)

@@ -310,7 +310,7 @@ def prediction_tables(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[st
         [ctx.name, *splits],
     ).df()
     out = {}
-    for (tid, split), sub in df.groupby(["trial_id", "split"], sort=False):
+    for (tid, split), sub in df.groupby(["trial_id", "split"]):  # sorted: rows come in any order
         wide = sub.pivot_table(
             index="seed", columns="example_id", values="correct", aggfunc="first"
         )
@@ -321,6 +321,13 @@ def prediction_tables(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[st
                 tuple(int(c) for c in wide.columns),
             )  # fmt: skip
     return out
+
+
+def _positions(keys: tuple[int, ...], wanted: Sequence[int]) -> list[int]:
+    """Where each of ``wanted`` sits in ``keys`` (a dict: ``keys.index`` per item is
+    quadratic, and test splits have thousands of examples)."""
+    at = {k: i for i, k in enumerate(keys)}
+    return [at[w] for w in wanted]
 
 
 def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
@@ -375,8 +382,8 @@ def study_multiboot(
 
     for split in ctx.test_splits:
         here = sorted(
-            ((p, t) for (p, s), t in tables.items() if s == split), key=lambda x: -x[1].x.mean()
-        )
+            ((p, t) for (p, s), t in tables.items() if s == split), key=lambda x: (-x[1].x.mean(), x[0])
+        )  # ties in config order, whatever order the rows were read in
         if len(here) <= vd.MAX_ALL_PAIRS:
             pairs = [(here[i], here[j]) for i in range(len(here)) for j in range(i + 1, len(here))]
         else:
@@ -388,8 +395,7 @@ def study_multiboot(
             common = sorted(set(ta.examples) & set(tb.examples))
             same_data = {v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
             if same_data and common:
-                ia = [ta.examples.index(c) for c in common]
-                ib = [tb.examples.index(c) for c in common]
+                ia, ib = _positions(ta.examples, common), _positions(tb.examples, common)
                 add(
                     "configs",
                     split,
@@ -410,8 +416,7 @@ def study_multiboot(
                 both = sorted(set(ta.seeds) & set(tb.seeds))
                 if len(both) < 2:
                     continue
-                ra = [ta.seeds.index(s) for s in both]
-                rb = [tb.seeds.index(s) for s in both]
+                ra, rb = _positions(ta.seeds, both), _positions(tb.seeds, both)
                 add("splits", point, (point, sa), (point, sb), True, False, ta.x[ra], tb.x[rb])
     return pd.DataFrame(rows, columns=list(MULTIBOOT_COLUMNS))
 

@@ -16,6 +16,27 @@ def _freqs(reps: np.ndarray) -> dict[float, float]:
     return {float(v): c / reps.size for v, c in zip(vals, counts, strict=True)}
 
 
+def test_draw_counts_are_multinomial_like_numpys() -> None:
+    # each row: n draws of n items (sums to n); a cell's count is Binomial(n, 1/n), as in
+    # Generator.multinomial: same mean, variance and P(count = k) for small k
+    from scipy import stats
+
+    n, size = 50, 20_000
+    ours = mb._counts(np.random.default_rng(3), n, size)
+    numpys = np.random.default_rng(4).multinomial(n, np.full(n, 1 / n), size=size)
+    assert ours.shape == (size, n) and (ours.sum(axis=1) == n).all()
+    cells = ours.ravel()
+    binom = stats.binom(n, 1 / n)
+    assert cells.mean() == pytest.approx(1.0, abs=1e-12)  # rows sum to n exactly
+    assert cells.var() == pytest.approx(binom.var(), rel=0.02)
+    for k in range(4):
+        assert np.mean(cells == k) == pytest.approx(binom.pmf(k), abs=0.005), k
+        assert np.mean(cells == k) == pytest.approx(np.mean(numpys.ravel() == k), abs=0.006), k
+    # counts of different items in one row are negatively correlated, -1/(n-1)
+    r = np.corrcoef(ours[:, 0], ours[:, 1])[0, 1]
+    assert r == pytest.approx(-1 / (n - 1), abs=0.02)
+
+
 def test_no_variance_across_examples_is_a_seeds_only_bootstrap() -> None:
     # seed 0 gets every example right, seed 1 none: a replicate's mean is (draws of seed 0) / 2,
     # i.e. 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4, whatever examples are drawn
