@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis import queries as q
 from analysis.db import connect, result_studies
-from analysis.errors import AnalysisError
+from analysis.errors import unknown_study
 from analysis.manifest import Axis, Manifest, RegressionDecl, load_manifest
 from analysis.schema import ROLE_ORDER
 
@@ -90,10 +90,7 @@ def open_study(out: Path, study: str) -> StudyContext:
     out = Path(out)
     known = result_studies(out) if out.is_dir() else []
     if study not in known:
-        raise AnalysisError(
-            f"study {study!r} has no results in {out} (known: {', '.join(known) or '(none yet)'}); "
-            "check the name with `study ls` or pass the right --out folder"
-        )
+        raise unknown_study(study, str(out), known)
     con = connect(out, studies=[study], in_memory=("trials", "runs", "evals", "metrics"))
     try:
         m = load_manifest(out, study)

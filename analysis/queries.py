@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import duckdb
 import pandas as pd
 
-from analysis.errors import AnalysisError
+from analysis.errors import AnalysisError, unknown_study
 from analysis.manifest import Axis, point_label
 from analysis.schema import ROLE_ORDER
 
@@ -75,11 +75,7 @@ def require_study(con: duckdb.DuckDBPyConnection, study: str) -> None:
     """Raise :class:`AnalysisError` naming the known studies when ``study`` has no rows."""
     known = studies(con)
     if study not in known:
-        listing = ", ".join(known) or "(none yet)"
-        raise AnalysisError(
-            f"study {study!r} has no results in this folder (known: {listing}); "
-            "check the name with `study ls` or pass the right --out folder"
-        )
+        raise unknown_study(study, "this folder", known)
 
 
 def split_roles(con: duckdb.DuckDBPyConnection, study: str) -> dict[str, str]:
