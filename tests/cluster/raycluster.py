@@ -247,7 +247,9 @@ class Cluster:
     def _head_args(self, taken: set[int]) -> list[str]:
         self.port = free_port(taken)
         head = f"--head --port {self.port} --temp-dir {self.root / 'ray'} --include-dashboard false"
-        return [*head.split(), "--dashboard-port", str(free_port(taken))]
+        # the client server's default 10001 would clash with any other Ray head on this machine
+        return [*head.split(), "--dashboard-port", str(free_port(taken)),
+                "--ray-client-server-port", str(free_port(taken))]
 
     def _node(self, name: str, extra: Callable[[set[int]], list[str]]) -> RayNode:
         """Start one node; ``extra`` gives its own arguments from the set of ports taken so far
