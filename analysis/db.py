@@ -426,19 +426,28 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
             "count(*) FILTER (WHERE status = 'diverged') AS diverged "
             "FROM runs GROUP BY study"
         ).fetchall()
-        trial_rows = con.execute(
-            "SELECT study, any_value(task), any_value(model) FROM trials GROUP BY study"
-        ).fetchall()
     finally:
         con.close()
     counts = {r[0]: r[1:] for r in rows}
-    from_trials = {r[0]: (r[1], r[2]) for r in trial_rows}
-    infos = []
-    names = set(study_names(out)) | set(counts) | set(from_trials)
+    names = set(study_names(out)) | set(counts) | set(result_studies(out))
     if only is not None:
         names &= set(only)
+    manifests = {name: load_manifest(out, name) for name in names}
+    # Task and model from the trials rows only where no manifest says them: scanning the
+    # (wide) trials files of every study was most of `study ls` on a large folder.
+    need = sorted(n for n, m in manifests.items() if not (m and m.task and m.model))
+    from_trials: dict[str, tuple[Any, Any]] = {}
+    if need:
+        con = connect(out, studies=need)
+        try:
+            from_trials = {r[0]: (r[1], r[2]) for r in con.execute(
+                "SELECT study, any_value(task), any_value(model) FROM trials GROUP BY study"
+            ).fetchall()}  # fmt: skip
+        finally:
+            con.close()
+    infos = []
     for name in sorted(names):
-        m = load_manifest(out, name)
+        m = manifests[name]
         done, ok, not_learned, diverged = counts.get(name, (0, 0, 0, 0))
         task, model = from_trials.get(name, (None, None))
         configs, planned = _planned(m)
