@@ -401,7 +401,8 @@ class StudyInfo:
     """Committed runs that never learned (e.g. Weber et al.'s stopping rule): counted apart."""
     diverged: int
     pending: int | None
-    """Runs planned and not yet committed (``None`` without a manifest)."""
+    """Runs planned and not yet committed: a seed study's; ``None`` without a manifest and
+    for a tuning study (a pruned candidate's seeds are never committed)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -463,7 +464,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
                 ok=int(ok),
                 not_learned=int(not_learned),
                 diverged=int(diverged),
-                pending=None if planned is None else max(planned - int(done), 0),
+                pending=None if planned is None or (m and m.kind == "tune") else max(planned - int(done), 0),
             )
         )
     return infos

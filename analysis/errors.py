@@ -18,9 +18,9 @@ def unknown_study(study: str, where: str, known: list[str]) -> AnalysisError:
     import difflib
 
     close = difflib.get_close_matches(study, known, n=3, cutoff=0.6)
-    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     listing = ", ".join(known) if len(known) <= 12 else f"{len(known)} studies"
     return AnalysisError(
         f"study {study!r} has no results in {where}{hint} (known: {listing or '(none yet)'}). "
-        f"Fix: check the name with `study ls` or pass the right --out folder"
+        "Fix: check the name with `study ls` or pass the right --out folder"
     )

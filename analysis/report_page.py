@@ -63,7 +63,7 @@ def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
             (
                 "runs",
                 f"{info.done} done of {planned} planned: {info.statuses()}"
-                + (f"; the {left_out} not ok are left out of every number" if left_out else ""),
+                + (f"; {left_out} not ok, left out of every number" if left_out else ""),
             )
         )
     seeds = seeds_row(m)

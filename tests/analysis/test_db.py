@@ -320,7 +320,7 @@ def test_list_studies_counts_committed_runs(out: Path) -> None:
     assert set(infos) == {"s1", "s2", "s4", "planned_only"}
     assert (infos["s4"].done, infos["s4"].ok, infos["s4"].not_learned) == (1, 0, 1)
     p = infos["planned_only"]
-    assert (p.kind, p.planned, p.done, p.not_learned, p.pending) == ("tune", 4, 0, 0, 4)
+    assert (p.kind, p.planned, p.done, p.not_learned, p.pending) == ("tune", 4, 0, 0, None)
     assert [i.name for i in list_studies(out, only=["s2"])] == ["s2"]
     s1, s2 = infos["s1"], infos["s2"]
     assert (s1.kind, s1.task, s1.model, s1.planned) == ("seeds", "taskA", "modelA", 3)

@@ -154,7 +154,7 @@ def test_roles_metrics_and_unknown_study(out: Path, con: duckdb.DuckDBPyConnecti
     assert q.studies(con) == ["grid", "solo", "tune"]
     with pytest.raises(AnalysisError, match="known: grid, solo, tune"):
         q.require_study(con, "nope")
-    with pytest.raises(AnalysisError, match=r"did you mean 'solo'\?.*Fix: check the name"):
+    with pytest.raises(AnalysisError, match=r"; did you mean 'solo'\?.*Fix: check the name"):
         q.require_study(con, "sollo")
     assert q.higher_is_better("accuracy") and not q.higher_is_better("val_loss")
 
