@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,14 @@ SELECTION = "seed_pick"
 """Name of the shared seed selection parameter."""
 
 GOLDEN = 0.6180339887498949
+CURVE_WIDTH = 300
+"""Width in pixels of a learning-curve panel."""
+
+
+def wrapped(text: str, width_px: int) -> list[str]:
+    """``text`` as subtitle lines that fit a chart ``width_px`` wide (Vega does not wrap
+    titles: a task's long metric definition would widen its chart, and the page, instead)."""
+    return textwrap.wrap(text, max(40, width_px // 6))
 
 
 def seed_selection() -> alt.Parameter:
@@ -184,7 +193,7 @@ def split_distribution(
     if intervals is not None and (intervals["warn"] != "").any():
         subtitle.append("fewer than 10 seeds behind some means (n<10): indicative only")
     if definition:
-        subtitle.append(f"{metric}: {definition}")
+        subtitle += wrapped(f"{metric}: {definition}", width)
     title = alt.TitleParams(
         f"{metric} per split across seeds (one dot per seed)", subtitle=subtitle
     )
@@ -395,7 +404,7 @@ def _curve_panel(
             .add_params(sel)
         )
         layers.append(seeds)
-    return alt.layer(*layers).properties(width=300, height=220, title=title)
+    return alt.layer(*layers).properties(width=CURVE_WIDTH, height=220, title=title)
 
 
 def learning_curves(
@@ -428,7 +437,7 @@ def learning_curves(
     points = sorted(set(agg["point"]))
     if len(points) == 1:
         color = alt.Color("split:N", sort=list(splits), title="split")
-        sub = [definition] if definition else []
+        sub = wrapped(definition, CURVE_WIDTH) if definition else []
         title = alt.TitleParams(
             f"{metric} learning curves: mean and {band} over seeds", subtitle=sub
         )
@@ -441,7 +450,7 @@ def learning_curves(
         seeds = None if per_seed is None else per_seed[per_seed["split"] == split]
         title = alt.TitleParams(
             f"{split} {metric}: mean and {band}, per grid point",
-            subtitle=[definition] if definition and not panels else [],
+            subtitle=wrapped(definition, CURVE_WIDTH) if definition and not panels else [],
         )
         panels.append(
             _curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title, unit)
