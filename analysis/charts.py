@@ -35,6 +35,8 @@ SELECTION = "seed_pick"
 GOLDEN = 0.6180339887498949
 CURVE_WIDTH = 300
 """Width in pixels of a learning-curve panel."""
+PAGE_WIDTH = 1000
+"""The widest a chart's plot is drawn, in pixels: with its axis and legend it fits a page read at ~1300-1400."""
 
 
 def wrapped(text: str, width_px: int) -> list[str]:
@@ -186,7 +188,9 @@ def split_distribution(
         layers.append(
             cbase.mark_tick(color="black", thickness=2, size=16).encode(y="mean:Q", tooltip=tip)
         )
-    width = max(220, 70 * len(splits) * (df["point"].nunique() if multi else 1))
+    # 70 px a split (and grid point) up to a page's width: a length-generalization study's
+    # 20 lengths x 2 configs would otherwise draw a chart 3,400 px wide
+    width = min(PAGE_WIDTH, max(220, 70 * len(splits) * (df["point"].nunique() if multi else 1)))
     subtitle = [
         "black: mean with 95% bootstrap interval" + ("; box: min-max" if show_range else "")
     ]
@@ -448,10 +452,10 @@ def learning_curves(
     panels: list[Any] = []
     for split in shown:
         seeds = None if per_seed is None else per_seed[per_seed["split"] == split]
-        title = alt.TitleParams(
-            f"{split} {metric}: mean and {band}, per grid point",
-            subtitle=wrapped(definition, CURVE_WIDTH) if definition and not panels else [],
-        )
+        # a short title: a panel's title wider than the panel widens the row past the page
+        sub = wrapped(f"mean and {band}" + (f"; {metric}: {definition}" if definition and not panels else ""),
+                      CURVE_WIDTH)  # fmt: skip
+        title = alt.TitleParams(f"{split} {metric} per grid point", subtitle=sub)
         panels.append(
             _curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title, unit)
         )

@@ -37,3 +37,17 @@ def test_a_long_definition_is_wrapped_to_the_chart_width() -> None:
 def test_wrapped_keeps_short_text_on_one_line() -> None:
     assert charts.wrapped("cross-entropy per token", 300) == ["cross-entropy per token"]
     assert charts.wrapped("word " * 30, 240) == ["word " * 7 + "word"] * 3 + ["word " * 5 + "word"]
+
+
+def test_many_splits_and_configs_stay_within_a_page() -> None:
+    # a length-generalization study: 23 splits x 2 configs would be 3,220 px at 70 px each
+    splits = [f"len_{i}" for i in range(1, 24)]
+    values = pd.DataFrame([
+        {"trial_id": t, "point": t, "seed": s, "split": sp, "role": "test", "value": 0.5}
+        for t in ("a", "b") for s in (0, 1) for sp in splits
+    ])  # fmt: skip
+    chart = charts.split_distribution(charts.ChartData(), values, "exact", splits, multi=True)
+    assert chart.to_dict()["width"] == charts.PAGE_WIDTH
+    few = charts.split_distribution(charts.ChartData(), values[values["split"] == "len_1"], "exact",
+                                    ["len_1"], multi=True)  # fmt: skip
+    assert few.to_dict()["width"] == 220

@@ -197,7 +197,7 @@ def test_learning_curves_compare_settings_per_split(out: Path, report: Report) -
     panels = spec["hconcat"]
     titles = [p["title"]["text"] for p in panels]
     assert [re.match(r"(\w+) accuracy", t).group(1) for t in titles] == ["train_eval", "test"]
-    assert all("95% bootstrap band" in t for t in titles)
+    assert all(p["title"]["subtitle"][0].startswith("mean and 95% bootstrap band") for p in panels)
     for split, p in zip(["train_eval", "test"], panels, strict=True):
         band = next(layer for layer in p["layer"] if layer["mark"]["type"] == "area")
         assert band["encoding"]["color"]["field"] == "point"
