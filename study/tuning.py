@@ -35,6 +35,7 @@ import math
 import shutil
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -481,7 +482,9 @@ def _tune_locked(
     study = optuna.create_study(
         study_name=name, storage=storage, direction=block.direction, load_if_exists=True
     )
-    study.set_metric_names([metric_name(block.objective)])  # optuna-dashboard names the objective
+    with warnings.catch_warnings():  # experimental in Optuna 3.2+: not the user's concern
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([metric_name(block.objective)])  # optuna-dashboard names the objective
     if not study.get_trials(deepcopy=False):
         for cand in block.enqueue:
             study.enqueue_trial(dict(cand))

@@ -175,6 +175,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_first_run_finishes_the_requested_candidates(tuned: dict[str, Any]) -> None:
     assert tuned["after_first"] == 3
     assert "3/3 candidates finished" in tuned["first"].stdout
+    # nothing of the libraries' own warnings reaches the user's terminal (Optuna's
+    # ExperimentalWarning for set_metric_names did)
+    assert "Warning" not in tuned["first"].stderr, tuned["first"].stderr
 
 
 def test_kill_then_resume_ends_with_exactly_the_requested_candidates(tuned: dict[str, Any]) -> None:
