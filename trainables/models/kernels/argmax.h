@@ -10,28 +10,31 @@
 
 #include "fmath.h"
 
-#define LANES VLANES
+#define LANES 16 /* the fixed lanes of a row's sums (lse.h), whatever the vectors' width VW */
 
-/* The lanes of v, then lanes of a scalar remainder (j .. V-1) folded into them. */
-static inline void to_lanes(vf16 v, float *lanes) { memcpy(lanes, &v, sizeof v); }
+/* The lanes of v (VW floats). */
+static inline void to_lanes(vf v, float *lanes) { memcpy(lanes, &v, sizeof v); }
 
 /* Largest value of the row and the first index holding it; *odd = whether the row holds a
  * NaN or an infinity (then row_odd recomputes both exactly). One pass: each lane keeps its
  * maximum and where it first saw it, and the lowest such index among the lanes holding the
- * row's maximum wins. */
+ * row's maximum wins (the same at every width VW). */
 static inline float row_max(int V, const float *restrict x, int64_t *first, int *odd) {
-    vf16 m = vsplat(-INFINITY), z = vsplat(0.0f);
-    vi16 at = {0}, j_v = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vf m = vsplat(-INFINITY), z = vsplat(0.0f);
+    vi at = {0}, j_v;
+    int32_t start[VW];
+    for (int l = 0; l < VW; l++) start[l] = l;
+    memcpy(&j_v, start, sizeof j_v);
     int j = 0;
-    for (; j + LANES <= V; j += LANES, j_v += LANES) {
-        vf16 v = vload(x + j);
-        vi16 gt = v > m;
+    for (; j + VW <= V; j += VW, j_v += VW) {
+        vf v = vload(x + j);
+        vi gt = v > m;
         m = vselect(gt, v, m);
         at = (gt & j_v) | (~gt & at);
         z += v * 0.0f; /* stays 0 unless v is NaN or infinite */
     }
-    float ml[LANES], zl[LANES];
-    int32_t al[LANES];
+    float ml[VW], zl[VW];
+    int32_t al[VW];
     to_lanes(m, ml);
     to_lanes(z, zl);
     memcpy(al, &at, sizeof al);
@@ -44,12 +47,12 @@ static inline float row_max(int V, const float *restrict x, int64_t *first, int 
         zl[l] += v * 0.0f;
     }
     float best = ml[0], zero = zl[0];
-    for (int l = 1; l < LANES; l++) {
+    for (int l = 1; l < VW; l++) {
         best = ml[l] > best ? ml[l] : best;
         zero += zl[l];
     }
     int32_t lowest = V;
-    for (int l = 0; l < LANES; l++)
+    for (int l = 0; l < VW; l++)
         if (ml[l] == best && al[l] < lowest) lowest = al[l];
     *first = lowest < V ? lowest : 0;
     *odd = zero != 0.0f;

@@ -10,7 +10,7 @@
 
 /* One row: keys_t (D, Sp) (the row's keys transposed, Sp >= S positions per key row), q (D),
  * bias (Sp; -inf where masked), enc (S, E) -> ctx (E); sc: Sp floats of scratch. Positions
- * S .. Sp - 1 (padding, e.g. to whole 16-lane vectors, which is what makes the scores one
+ * S .. Sp - 1 (padding, e.g. to whole 16-lane vectors (any VW divides 16), which is what makes the scores one
  * vector op per d) are ignored. The scores accumulate over d in order; masked positions get
  * exactly 0; the softmax sum and the context run over s in order. */
 static inline void attend_row(int S, int Sp, int D, int E, const float *restrict kr,
@@ -18,8 +18,8 @@ static inline void attend_row(int S, int Sp, int D, int E, const float *restrict
                               const float *restrict er, float *restrict out,
                               float *restrict sc) {
     int s0 = 0;
-    for (; s0 < S && s0 + 16 <= Sp; s0 += 16) { /* 16 positions at a time */
-        vf16 acc = vsplat(0.0f);
+    for (; s0 < S && s0 + VW <= Sp; s0 += VW) { /* VW positions at a time */
+        vf acc = vsplat(0.0f);
         for (int d = 0; d < D; d++) acc = acc + vload(kr + (long)d * Sp + s0) * vsplat(qr[d]);
         vstore(sc + s0, acc + vload(br + s0));
     }
@@ -31,8 +31,8 @@ static inline void attend_row(int S, int Sp, int D, int E, const float *restrict
     float best = -INFINITY;
     for (int s = 0; s < S; s++) best = sc[s] > best ? sc[s] : best;
     s0 = 0;
-    for (; s0 < S && s0 + 16 <= Sp; s0 += 16) {
-        vf16 x = vload(sc + s0);
+    for (; s0 < S && s0 + VW <= Sp; s0 += VW) {
+        vf x = vload(sc + s0);
         vstore(sc + s0, vselect(x == -INFINITY, vsplat(0.0f), exp_v(x - best)));
     }
     for (int s = s0; s < S; s++) sc[s] = sc[s] == -INFINITY ? 0.0f : exp_f(sc[s] - best);
@@ -40,15 +40,15 @@ static inline void attend_row(int S, int Sp, int D, int E, const float *restrict
     for (int s = 0; s < S; s++) sum += sc[s];
     float inv = 1.0f / sum;
     int e0 = 0;
-    for (; e0 + 16 * CTX_V <= E; e0 += 16 * CTX_V) { /* the context in registers */
-        vf16 acc[CTX_V];
+    for (; e0 + VW * CTX_V <= E; e0 += VW * CTX_V) { /* the context in registers */
+        vf acc[CTX_V];
         for (int v = 0; v < CTX_V; v++) acc[v] = vsplat(0.0f);
         for (int s = 0; s < S; s++) {
-            vf16 w = vsplat(sc[s] * inv);
+            vf w = vsplat(sc[s] * inv);
             const float *es = er + (long)s * E + e0;
-            for (int v = 0; v < CTX_V; v++) acc[v] = acc[v] + w * vload(es + 16 * v);
+            for (int v = 0; v < CTX_V; v++) acc[v] = acc[v] + w * vload(es + VW * v);
         }
-        for (int v = 0; v < CTX_V; v++) vstore(out + e0 + 16 * v, acc[v]);
+        for (int v = 0; v < CTX_V; v++) vstore(out + e0 + VW * v, acc[v]);
     }
     for (int e = e0; e < E; e++) out[e] = 0.0f;
     for (int s = 0; s < S; s++) {

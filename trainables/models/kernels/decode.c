@@ -26,10 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* mm.h's tile here: 6 rows x 4 vectors (24 accumulators). Each weight vector loaded serves
+/* mm.h's tile here (AVX-512): 6 rows x 4 vectors (24 accumulators). Each weight vector loaded serves
  * 6 rows; the paper's model evaluated about 5% faster than with the training's 2 x 8
  * (5 x 4 alike; 4 x 4, 3 x 8 and 8 x 2 slower). Tiling changes no bit (mm.h). */
+#include "fmath.h"
+#if VW == 16
 #define FR 6
+#else
+#define FR 2 /* 16 vector registers below AVX-512: 2 x 4 accumulators (4 x 2 measured alike) */
+#endif
 #define FT 4
 
 #include "argmax.h"
@@ -96,7 +101,9 @@ static void step_rows(const Net *w, const Scratch *s, int k, int n, Rows *set) {
         }
         mm_block(n, Hd, 0, He, s->ctx, w->comb_ctx_t + (long)k * He * Hd, Hd, below,
                  w->comb_h_t + (long)k * Hd * Hd, s->u);
-        for (int i = 0; i < n * Hd; i++) s->u[i] = 2.0f * sigmoid_f(s->u[i]) - 1.0f;
+        int i = 0;
+        for (; i + VW <= n * Hd; i += VW) vstore(s->u + i, 2.0f * sigmoid_v(vload(s->u + i)) - 1.0f);
+        for (; i < n * Hd; i++) s->u[i] = 2.0f * sigmoid_f(s->u[i]) - 1.0f;
         x = s->u;
     }
     mm_block(n, w->Vp, w->out_b + (long)k * w->Vp, Hd, x, w->out_t + (long)k * Hd * w->Vp, 0,

@@ -7,17 +7,21 @@
 
 #include "argmax.h"
 
-/* sum(exp(x - best)) over the row, also written to e when e is not NULL. */
+/* sum(exp(x - best)) over the row, also written to e when e is not NULL. Lane l of the
+ * LANES = 16 sums x[j] for j = l mod 16 (LANES / VW vectors of VW lanes), then the remainder
+ * and the lanes in order: the same operations in the same order at every width. */
 static inline float row_exp_sum(int V, const float *restrict x, float best, float *restrict e) {
-    vf16 s = vsplat(0.0f);
+    vf s[LANES / VW];
+    for (int q = 0; q < LANES / VW; q++) s[q] = vsplat(0.0f);
     int j = 0;
-    for (; j + LANES <= V; j += LANES) {
-        vf16 v = exp_v(vload(x + j) - best);
-        if (e) vstore(e + j, v);
-        s += v;
-    }
+    for (; j + LANES <= V; j += LANES)
+        for (int q = 0; q < LANES / VW; q++) {
+            vf v = exp_v(vload(x + j + q * VW) - best);
+            if (e) vstore(e + j + q * VW, v);
+            s[q] += v;
+        }
     float sl[LANES];
-    to_lanes(s, sl);
+    for (int q = 0; q < LANES / VW; q++) to_lanes(s[q], sl + q * VW);
     for (int l = 0; j + l < V; l++) {
         float v = exp_f(x[j + l] - best);
         if (e) e[j + l] = v;

@@ -8,7 +8,7 @@
  * A member's weights (32 KB at E = H = 32) stay in cache while all its steps run.
  *
  * Matmuls accumulate each output element over the inner index in order, with separate
- * multiply and add (contraction off), in 16-lane vectors whose remainder lanes are done by
+ * multiply and add (contraction off), in vectors of VW lanes whose remainder lanes are done by
  * scalar code of the same operations: an element's bits depend only on its own row, never
  * on the row's place in a block, a member's place in the bundle or the blocking (a bundle
  * member and its lone run stay bit-identical).
@@ -20,9 +20,17 @@
 /* The activations of one row in place: z (o, i, f, g pre-activations) -> act; then c, tanh(c), h. */
 static inline void cell_row(int H, float *restrict a, const float *restrict cp,
                             float *restrict c_out, float *restrict tc_out, float *restrict h_out) {
-    for (int j = 0; j < 3 * H; j++) a[j] = sigmoid_f(a[j]);
-    for (int j = 3 * H; j < 4 * H; j++) a[j] = tanh_f(a[j]);
-    for (int j = 0; j < H; j++) {
+    sigmoid_all(3 * H, a);
+    tanh_all(H, a + 3 * H);
+    int j = 0;
+    for (; j + VW <= H; j += VW) { /* the scalar loop's operations, VW lanes at a time */
+        vf c = vload(a + 2 * H + j) * vload(cp + j) + vload(a + H + j) * vload(a + 3 * H + j);
+        vf tc = tanh_v(c);
+        vstore(c_out + j, c);
+        vstore(tc_out + j, tc);
+        vstore(h_out + j, vload(a + j) * tc);
+    }
+    for (; j < H; j++) {
         float c = a[2 * H + j] * cp[j] + a[H + j] * a[3 * H + j];
         float tc = tanh_f(c);
         c_out[j] = c;
