@@ -152,7 +152,24 @@ def open_study(out: Path, study: str) -> StudyContext:
             ctx.histograms.append(h)
         else:
             ctx.notes.append(f"histogram of {h.split} {h.metric} skipped: no such evals")
+    mixed = numerics_note(q.numerics_runs(con, study))
+    if mixed:
+        ctx.notes.append(mixed)
     return ctx
+
+
+def numerics_note(paths: list[tuple[str, int]]) -> str | None:
+    """The note for a study whose runs were computed under more than one ``numerics``
+    (``paths``: :func:`analysis.queries.numerics_runs`), else None."""
+    if len(paths) < 2:
+        return None
+    listed = "; ".join(f"{n} runs on '{text}'" for text, n in paths)
+    return (
+        f"runs were computed under {len(paths)} different numerics (trials.numerics): {listed}. "
+        "Seed statistics still hold, but a seed reproduces exactly only under its own numerics, "
+        "and a seed re-run elsewhere (study resume, study check --repair) may end differently; "
+        "to get the same numbers on every CPU set MKL_CBWR=COMPATIBLE (docs/performance.md)"
+    )
 
 
 def axis_label(a: Axis) -> str:

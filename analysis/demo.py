@@ -67,6 +67,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+DEMO_NUMERICS = "Demo CPU; torch DEFAULT; MKL_CBWR unset; 1 thread"
+"""The ``trials.numerics`` of a demo study's units."""
+
+
 def _trial_row(
     name: str,
     trial_id: str,
@@ -147,6 +151,7 @@ def write_demo_study(
     n_examples: int = 40,
     seed: int = 0,
     decision_grid: tuple[float, float, int] | None = None,
+    numerics: tuple[str, ...] = (DEMO_NUMERICS,),
 ) -> Path:
     """Write a synthetic study ``name`` into ``out``; returns its manifest path.
 
@@ -156,6 +161,8 @@ def write_demo_study(
     ``n_examples`` per split and run. ``decision_grid=(low, high, n)``: a study shaped
     like the ``toy2d`` task instead (see the module docstring; ``epochs`` evaluations
     :data:`TOY_STEPS_PER_EVAL` steps apart, ``n_examples`` samples per evaluation set).
+    ``numerics``: each point's ``trials.numerics`` in turn (point ``i``:
+    ``numerics[i % len(numerics)]``).
     """
     if decision_grid is not None:
         return _write_toy_study(
@@ -180,6 +187,7 @@ def write_demo_study(
         shift = 0.5 * p_idx - 0.25 * (len(points) - 1)
         skill = rng.normal(size=n_seeds)  # (S,)
         trial = _trial_row(name, trial_id, p_idx, point, n_seeds, t0, "demo_task", "demo_model")
+        trial["numerics"] = numerics[p_idx % len(numerics)]
         if kind == "tune":
             trial["param_lr"] = float(10 ** rng.uniform(-3, -1))
             trial["param_dropout"] = float(rng.uniform(0, 0.5))

@@ -308,6 +308,21 @@ def run_seeds(con: duckdb.DuckDBPyConnection, study: str) -> pd.DataFrame:
     ).df()
 
 
+def numerics_runs(con: duckdb.DuckDBPyConnection, study: str) -> list[tuple[str, int]]:
+    """How many committed runs of ``study`` were computed under each ``trials.numerics``
+    (the CPU, torch's code path, MKL_CBWR and threads, or the GPU: what decides float
+    rounding besides the seeds), most runs first; units from before the column was
+    recorded are left out. Rows: (numerics, runs)."""
+    return [
+        (str(r[0]), int(r[1]))
+        for r in con.execute(
+            "SELECT numerics, sum(len(seeds)) AS runs FROM trials "
+            "WHERE study = ? AND numerics IS NOT NULL GROUP BY numerics ORDER BY runs DESC, numerics",
+            [study],
+        ).fetchall()
+    ]
+
+
 def tuning_trials(con: duckdb.DuckDBPyConnection, study: str) -> pd.DataFrame:
     """Trials of a tuning study in start order, with ``objective`` and ``param_*`` columns.
 

@@ -53,6 +53,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("kernels", pa.string()),  # c (compiled CPU kernels, trainables/models/ckernels.py) or torch
             ("kernel_flags", pa.string()),  # the kernels' compiler flags ("" for torch ops)
             ("dropout_masks", pa.string()),  # generator (a torch.Generator per member) or counter (execution.cuda_graphs)
+            ("numerics", pa.string()),  # what decides float rounding besides the seeds: CPU, torch's code path, MKL_CBWR, threads (or GPU)
         ]
     ),
     "runs": pa.schema(

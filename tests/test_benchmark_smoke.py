@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from tests_support import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = re.compile(r"speedup = .*?([0-9]+\.[0-9]+)x$")
@@ -75,3 +77,20 @@ def test_gpu_bundle_benchmark_runs_its_three_ways_on_the_cpu() -> None:
     assert [line[:3] for line in lines[:3]] == ["(a)", "(b)", "(c)"]
     assert lines[3].endswith("largest parameter difference 0")
     assert lines[-1].startswith("training steps (a)/(c) = ") and "K=2, cpu" in lines[-1]
+
+
+@pytest.mark.slow  # ~20 s: four training processes
+def test_numerics_benchmark_prints_each_setting_and_what_changed_its_bits(tmp_path: Path) -> None:
+    """Each setting reaches its process (its numerics say so), the unpinned default agrees
+    with itself, and the portable kernels change no bit of the row above (the C kernels'
+    arithmetic is the same at every vector width, fmath.h)."""
+    raw = {**TINY_STUDY, "model": {**TINY_STUDY["model"], "emb_size": 12, "hidden_size": 20}}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(raw))
+    lines = _run("-m", "benchmarks.numerics", "--config", str(tmp_path / "tiny.yaml"), "--rounds", "1")
+    rows = {line.split("  ")[0]: line for line in lines[-4:]}
+    assert list(rows) == ["default", "MKL_CBWR=COMPATIBLE", "+ ATEN_CPU_CAPABILITY=default",
+                          "+ FINELINE_PORTABLE_KERNELS=1"]  # fmt: skip
+    assert rows["default"].split()[-3:] == ["yes", "yes", "1.00x"]
+    assert "torch DEFAULT" in rows["+ ATEN_CPU_CAPABILITY=default"]
+    assert rows["+ FINELINE_PORTABLE_KERNELS=1"].split()[-2] == "yes"  # = the row above
+    assert float(rows["+ FINELINE_PORTABLE_KERNELS=1"].split()[-1].rstrip("x")) > 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import torch
 
 SCRIPT = """
 import sys, weakref
@@ -42,3 +45,32 @@ def test_a_sigterm_exit_inside_a_callback_is_not_printed_and_real_errors_still_a
     assert "SystemExit" not in quiet.stderr, quiet.stderr
     assert "ValueError: a real error" in quiet.stderr
     assert quiet.stderr.count("Exception ignored") == 1
+
+
+NUMERICS = """
+import torch
+from trainables.runtime import cpu_model, numerics
+torch.set_num_threads(3)
+print(cpu_model())
+print(numerics("cpu"))
+"""
+
+
+def test_numerics_name_the_cpu_torch_code_path_mkl_setting_and_threads() -> None:
+    """Pinned by the environment (a fresh process: torch reads both at start), each setting
+    shows in its own place."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+    res = subprocess.run([sys.executable, "-c", NUMERICS], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    model, text = res.stdout.strip().splitlines()
+    parts = text.split("; ")
+    assert parts[0] == model and model
+    assert parts[1] == "torch DEFAULT"  # not this machine's best path
+    assert parts[-1] == "3 threads"
+    if torch.backends.mkl.is_available():
+        assert parts[2] == "MKL_CBWR COMPATIBLE"
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    res = subprocess.run([sys.executable, "-c", NUMERICS], capture_output=True, text=True, env=env, timeout=120)
+    parts = res.stdout.strip().splitlines()[1].split("; ")
+    assert parts[1] == f"torch {torch.backends.cpu.get_cpu_capability()}"
+    assert "MKL_CBWR unset" in parts or not torch.backends.mkl.is_available()

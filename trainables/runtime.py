@@ -15,7 +15,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +70,45 @@ def quiet_sigterm_in_callbacks() -> None:
 
     hook._fineline_quiet = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+NUMERICS_VARS = ("MKL_CBWR",)
+"""Environment settings of torch's CPU libraries that choose how floats round (the CPU
+capability, ``ATEN_CPU_CAPABILITY``, shows in torch's own report)."""
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def numerics(device: torch.device | str) -> str:
+    """What, besides the seeds, decides how this process's floats round: on a CPU its model,
+    the code path torch's operators dispatch to, whether MKL is used and its ``MKL_CBWR``
+    setting, and the thread count; on a GPU the card and whether TF32 is on. Recorded in
+    each unit's ``trials`` row (``numerics``).
+
+    A seed reproduces bit for bit only under the same numerics: training is chaotic, so a
+    last-bit difference in one matrix product can decide whether a seed learns (measured:
+    docs/performance.md, "The same numbers on another machine"), e.g.
+    ``AMD EPYC; torch AVX512; MKL_CBWR unset; 1 thread``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+        return f"{torch.cuda.get_device_name(device)}; TF32 {tf32}"
+    parts = [cpu_model(), f"torch {torch.backends.cpu.get_cpu_capability()}"]
+    if torch.backends.mkl.is_available():
+        parts += [f"{name} {os.environ.get(name) or 'unset'}" for name in NUMERICS_VARS]
+    threads = torch.get_num_threads()
+    parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    return "; ".join(parts)
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

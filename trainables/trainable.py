@@ -38,7 +38,7 @@ from trainables.errors import ConfigError, DataError
 from trainables.loop import BundleRun
 from trainables.plugins import import_modules
 from trainables.results import commit_seed
-from trainables.runtime import configure_worker, quiet_sigterm_in_callbacks
+from trainables.runtime import configure_worker, numerics, quiet_sigterm_in_callbacks
 from trainables.seeding import SeedSet
 from trainables.spec import RunSpec
 from trainables.tasks.base import Task
@@ -335,6 +335,7 @@ class FinelineTrainable(tune.Trainable):
                 "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
                 "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
                 "dropout_masks": "counter" if run.noise.positional else "generator",
+                "numerics": numerics(run.device),
                 **cfg.get("flat", {}), **final, **bundle,
                 **({"optuna_number": int(number)} if number is not None else {}),
             }

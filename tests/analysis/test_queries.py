@@ -167,3 +167,28 @@ def test_manifest_points_and_labels(out: Path) -> None:
     assert [r.over for r in m.declarations.regressions] == ["runs", "checkpoints"]
     assert point_label("{}") == "default"
     assert point_label({"train.lr": 0.30000000000000004, "model.cell": "gru"}) == "cell=gru, lr=0.3"
+
+
+def test_runs_per_numerics_and_the_note_of_a_mixed_study(tmp_path: Path) -> None:
+    """A study whose three points ran under two numerics: 2 + 2 runs on A, 2 on B (worked out
+    by hand); the analysis notes it, and says nothing for a study under one numerics."""
+    from analysis.context import numerics_note, open_study
+
+    write_demo_study(tmp_path, "mixed", n_seeds=2, points=[{"train.lr": x} for x in (0.1, 0.2, 0.3)],
+                     numerics=("A", "B"))  # fmt: skip
+    write_demo_study(tmp_path, "same", n_seeds=3)
+    con = connect(tmp_path)
+    try:
+        assert q.numerics_runs(con, "mixed") == [("A", 4), ("B", 2)]
+        assert len(q.numerics_runs(con, "same")) == 1
+    finally:
+        con.close()
+    note = numerics_note([("A", 4), ("B", 2)])
+    assert note is not None and "2 different numerics" in note and "4 runs on 'A'; 2 runs on 'B'" in note
+    assert numerics_note([("A", 4)]) is None and numerics_note([]) is None
+    mixed, same = open_study(tmp_path, "mixed"), open_study(tmp_path, "same")
+    try:
+        assert note in mixed.notes and not any("numerics" in n for n in same.notes)
+    finally:
+        mixed.close()
+        same.close()

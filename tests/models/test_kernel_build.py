@@ -36,6 +36,7 @@ from trainables.models.ckernels import (
     KernelCallError,
     cpu_kernels,
 )
+from trainables.runtime import cpu_model
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_VARS = (SWITCH, CFLAGS_VAR, PORTABLE_VAR, ckernels.CC_VAR, "CC", "LD_PRELOAD")
@@ -184,14 +185,15 @@ def probe(tmp_path: Path, name: str, **env: str) -> tuple[dict[str, Any], dict[s
     return json.loads(res.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
 
 
-@pytest.mark.slow  # ~17 s: two builds and several processes
 def test_a_portable_build_computes_the_same_bits_in_every_process_and_as_the_native_build(
     tmp_path: Path,
 ) -> None:
     """What lets a seed give the same result on every node of a cluster of mixed CPUs: the
     portable library (no -march=native) is loaded when asked, and training and evaluating
     with it gives bitwise the same parameters, losses and tokens in two processes, and the
-    same as the library tuned to this CPU."""
+    same as the library tuned to this CPU and (where the CPU has AVX2) an AVX2 build: the
+    kernels' vectors are 4, 8 or 16 lanes wide by target (fmath.h), and no bit may follow
+    the width. ~25 s: three builds and four processes."""
     kernels()
     cache = str(tmp_path / "cache")
     info, first = probe(tmp_path, "portable1", FINELINE_CACHE=cache, FINELINE_PORTABLE_KERNELS="1")
@@ -205,6 +207,11 @@ def test_a_portable_build_computes_the_same_bits_in_every_process_and_as_the_nat
     for name, value in first.items():
         assert torch.equal(value, again[name]), name
         assert torch.equal(value, native[name]), name
+    if "avx2" in Path("/proc/cpuinfo").read_text(errors="replace").split():
+        avx2_info, avx2 = probe(tmp_path, "avx2", FINELINE_CACHE=cache, FINELINE_CFLAGS="-O3 -mavx2 -fno-math-errno")
+        assert avx2_info["kernels"] == "c" and avx2_info["path"] not in (info["path"], native_info["path"])
+        for name, value in first.items():
+            assert torch.equal(value, avx2[name]), name
     g = torch.Generator().manual_seed(5)  # the probe's cross-entropy case, as torch ops
     x = (torch.randn(30, 37, generator=g) * 4).requires_grad_()
     F.cross_entropy(x, torch.randint(0, 37, (30,), generator=g), reduction="sum").backward()
@@ -398,8 +405,9 @@ def test_a_model_chooses_its_kernels_once_and_keeps_them(monkeypatch: pytest.Mon
 
 
 def test_the_trials_row_records_the_kernels_of_a_study_run(tmp_path: Path) -> None:
-    """Through the real CLI, with a portable build asked for on the driver: the trials rows
-    say the unit computed with the C kernels and with which flags."""
+    """Through the real CLI, with a portable build and MKL's compatible code path asked for
+    on the driver: the trials rows say the unit computed with the C kernels and with which
+    flags, and its numerics name the worker's CPU and the MKL setting the driver forwarded."""
     kernels()
     raw = {**TINY_STUDY, "seeds": {"count": 2, "root": 5}, "train": {**TINY_STUDY["train"], "max_epochs": 1}}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(raw))
@@ -407,19 +415,24 @@ def test_the_trials_row_records_the_kernels_of_a_study_run(tmp_path: Path) -> No
     keep = ("HOME", "PYTHONPATH", "VIRTUAL_ENV", "LANG")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env |= {"RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "FINELINE_CACHE": str(tmp_path / "cache"), PORTABLE_VAR: "1"}
+            "FINELINE_CACHE": str(tmp_path / "cache"), PORTABLE_VAR: "1", "MKL_CBWR": "COMPATIBLE"}
     res = subprocess.run([sys.executable, "-m", "study.cli", "run", str(tmp_path / "tiny.yaml"),
                           "--out", str(out), "--num-cpus", "1"], capture_output=True, text=True,
                          timeout=600, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     con = connect(out)
     try:
-        rows = con.execute("SELECT kernels, kernel_flags, device FROM trials").fetchall()
+        rows = con.execute("SELECT kernels, kernel_flags, device, numerics FROM trials").fetchall()
     finally:
         con.close()
     assert rows and all(r[0] == "c" and r[2] == "cpu" for r in rows)
     flags = rows[0][1].split()
     assert "-ffp-contract=off" in flags and not set(flags) & set(NATIVE_FLAGS)
+    parts = rows[0][3].split("; ")
+    assert parts[0] == cpu_model() and parts[1] == f"torch {torch.backends.cpu.get_cpu_capability()}"
+    assert parts[-1] == "1 thread"  # one CPU per trial
+    if torch.backends.mkl.is_available():
+        assert "MKL_CBWR COMPATIBLE" in parts  # forwarded from the driver to the worker
 
 
 # --- sanitizers ------------------------------------------------------------------------------
