@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tests_support import SHARED_DATA
 
 SCRIPT = """
@@ -50,6 +51,7 @@ print("trained", len(trained), " ".join(trained))
 """
 
 
+@pytest.mark.slow  # ~13 s: trains every built-in pair
 def test_training_every_builtin_pair_never_imports_dynamo() -> None:
     res = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(SHARED_DATA)],

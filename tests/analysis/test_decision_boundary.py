@@ -144,6 +144,7 @@ def _tooltip(label: str) -> dict[str, str]:
     return dict(part.split(": ", 1) for part in label.replace("\u2212", "-").split("; "))
 
 
+@pytest.mark.slow  # ~10 s: Chromium (test_report.py renders every chart kind in the default run)
 def test_report_draws_the_decision_boundary_per_seed_in_chromium(
     out: Path, report: Report, browser: Any
 ) -> None:

@@ -188,6 +188,7 @@ def test_study_runs_on_both_nodes(
     )
 
 
+@pytest.mark.slow  # ~14 s: a worker SIGKILLed mid-trial
 def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
     cluster: Cluster, reference: tuple[str, list[dict]], out: Path
 ) -> None:

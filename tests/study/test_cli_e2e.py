@@ -136,6 +136,7 @@ def test_report_and_analyze_of_a_real_study_render(finished: tuple[Path, Path], 
         page.close()
 
 
+@pytest.mark.slow  # ~16 s: a grid study, interrupted and resumed
 def test_resume_keeps_each_grid_points_own_seed_count(tmp_path: Path) -> None:
     """A grid whose points ask for different seed counts: `study resume` plans each point's
     own count (not the largest one for every point)."""
@@ -152,6 +153,7 @@ def test_resume_keeps_each_grid_points_own_seed_count(tmp_path: Path) -> None:
     assert counts == [{"n": 3}]
 
 
+@pytest.mark.slow  # ~16 s: a second study with counter masks (a GPU setting; contract-tested in the default run)
 def test_counter_masks_are_recorded_and_change_the_run(finished: tuple[Path, Path]) -> None:
     """``execution.cuda_graphs`` on a CPU: no graph, but the counter-based masks (another
     stream), said in each unit's trials row; the same seeds then train differently."""
