@@ -188,6 +188,7 @@ def test_report_shows_the_verdict_and_rliable_charts_in_chromium(
         page.close()
 
 
+@pytest.mark.slow  # ~6 s: vl-convert renders PNG, SVG and PDF (test_report.py exports SVG in the default run)
 def test_image_exports_keep_the_header(grid_report: Any, tmp_path: Path) -> None:
     svg = grid_report.save(tmp_path / "grid.svg").read_text()
     assert "fineline study report: grid" in svg and "verdict: " in svg

@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tests_support import TINY_STUDY
+
+from trainables.runtime import cpu_model
 
 TINY = TINY_STUDY
 
@@ -57,9 +60,12 @@ def test_run_lands_one_eval_row_per_seed_split_metric(finished: tuple[Path, Path
     runs = sql(out, "SELECT seed, status, selected_epoch, init_seed, data_seed FROM runs ORDER BY seed")
     assert [r["seed"] for r in runs] == [0, 1, 2]
     assert len({r["init_seed"] for r in runs}) == 3 and len({r["data_seed"] for r in runs}) == 1
-    trials = sql(out, "SELECT unit_id, node, bundle_size, train_lr, dropout_masks FROM trials WHERE study = 'tiny'")
+    trials = sql(out, "SELECT unit_id, node, bundle_size, train_lr, dropout_masks, numerics FROM trials "
+                      "WHERE study = 'tiny'")  # fmt: skip
     assert sorted(t["bundle_size"] for t in trials) == [1, 2] and all(t["node"] for t in trials)
     assert all(t["train_lr"] == 0.125 and t["dropout_masks"] == "generator" for t in trials)
+    here = f"{cpu_model()}; torch {torch.backends.cpu.get_cpu_capability()}; "
+    assert all(t["numerics"].startswith(here) and t["numerics"].endswith("; 1 thread") for t in trials)
     curves = sql(out, "SELECT DISTINCT epoch FROM metrics WHERE split = 'val' AND metric = 'accuracy' ORDER BY 1")
     assert [c["epoch"] for c in curves] == [1, 2]
     preds = sql(out, "SELECT split, count(*) AS n FROM predictions WHERE seed = 0 GROUP BY split ORDER BY split")

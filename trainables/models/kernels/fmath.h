@@ -28,7 +28,7 @@ static inline float exp_f(float x) {
 
 /* The target's widest float vector (GCC/Clang vector extensions): 16 lanes with AVX-512,
  * 8 with AVX, else 4 (SSE2, NEON). A wider type than the target has would live in memory,
- * not registers (measured: an AVX2 build of 16-lane code trained 8x slower than the
+ * not registers (measured: an AVX2 build of 16-lane code trained 10x slower than the
  * AVX-512 one). The vector functions below do the scalar ones' IEEE operations lane by lane,
  * so a lane's result equals the scalar function's bit for bit, at every width; where lanes
  * are summed (lse.h) the sum runs over LANES = 16 fixed lanes, whatever the width. */
