@@ -168,7 +168,8 @@ def numerics_note(paths: list[tuple[str, int]]) -> str | None:
         f"runs were computed under {len(paths)} different numerics (trials.numerics): {listed}. "
         "Seed statistics still hold, but a seed reproduces exactly only under its own numerics, "
         "and a seed re-run elsewhere (study resume, study check --repair) may end differently; "
-        "to get the same numbers on every CPU set MKL_CBWR=COMPATIBLE (docs/performance.md)"
+        "to pin MKL's and torch's CPU code paths set MKL_CBWR=COMPATIBLE and "
+        "ATEN_CPU_CAPABILITY=default (docs/performance.md)"
     )
 
 
