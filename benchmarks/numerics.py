@@ -9,10 +9,11 @@ paths, at a cost this script measures.
 
 It trains the first seed of a study config (default the quickstart) for ``--epochs`` epochs
 (every evaluation included; data generation and the kernels' build excluded) in a fresh
-process per setting, the settings interleaved over ``--rounds`` rounds, one thread each (as a Ray trial), and prints per setting: its
-``numerics``, the median seconds per epoch, the ratio to the unpinned default (LAST
-column), whether its trained parameters equal the default's bit for bit (``unstable``:
-not even its own rounds agree), and whether they equal the row above's.
+process per setting, the settings interleaved over ``--rounds`` rounds, one thread each (as
+a Ray trial), and prints per setting: its ``numerics``, the median seconds per epoch, the
+ratio to the unpinned default (LAST column), whether its trained parameters equal the
+default's bit for bit (``unstable``: not even its own rounds agree), and whether they
+equal the row above's.
 
     python -m benchmarks.numerics [--epochs 1] [--rounds 3] [--config configs/quickstart.yaml]
 
@@ -31,13 +32,13 @@ import sys
 import time
 from pathlib import Path
 
+from trainables.models.ckernels import PORTABLE_VAR
+
 SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
     "MKL_CBWR=COMPATIBLE": {"MKL_CBWR": "COMPATIBLE"},
     "+ ATEN_CPU_CAPABILITY=default": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},
-    "+ FINELINE_PORTABLE_KERNELS=1": {
-        "MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "FINELINE_PORTABLE_KERNELS": "1",
-    },
+    "+ FINELINE_PORTABLE_KERNELS=1": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", PORTABLE_VAR: "1"},
 }  # fmt: skip
 """Each setting's environment, on top of this process's with every one of these unset."""
 

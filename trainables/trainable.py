@@ -304,6 +304,7 @@ class FinelineTrainable(tune.Trainable):
         out, study = Path(u["out"]), u["study"]
         node = ray_node_id()
         run = self.run
+        float_path = numerics(run.device)
         member_rows = run.finalize()
         now = dt.datetime.now(dt.UTC)
         keep = bool(u.get("keep_weights", False))
@@ -335,7 +336,7 @@ class FinelineTrainable(tune.Trainable):
                 "device": str(run.device), "bundling": getattr(run.model, "bundling", "hand"),
                 "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
                 "dropout_masks": "counter" if run.noise.positional else "generator",
-                "numerics": numerics(run.device),
+                "numerics": float_path,
                 **cfg.get("flat", {}), **final, **bundle,
                 **({"optuna_number": int(number)} if number is not None else {}),
             }
