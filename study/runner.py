@@ -195,6 +195,13 @@ def resolve_device(cfg: StudyConfig) -> str:
     return dev
 
 
+def check_device(cfg: StudyConfig) -> None:
+    """A study on ``cuda`` must ask Ray for GPUs, or Ray would place its trials on none."""
+    if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
+        raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
+                          "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
+
+
 def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
     """Everything that can fail on bad input, before Ray starts (and before OUT is written):
     the tasks' data (``Task.check``), split names, bundle sizes the model can train, and the
@@ -219,9 +226,7 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     from trainables.models.ckernels import forwarded_env
 
     forwarded_env()  # a bad FINELINE_CFLAGS / _CPU_KERNELS / _PORTABLE_KERNELS value
-    if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
-        raise ConfigError("execution.gpus_per_trial", "device is cuda but no GPU is requested per trial",
-                          "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
+    check_device(cfg)
     check_resources(cfg, address, num_cpus)
     roles = next(iter(roles_of.values()))
     analysis = cfg.points[-1].spec.make_task().analysis()

@@ -9,6 +9,7 @@ import yaml
 
 from study.config import parse
 from study.plan import plan_units
+from study.runner import check_device, resolve_device
 from trainables.registry import MODELS
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -28,6 +29,20 @@ def test_config_parses_and_plans(path: Path, tmp_path: Path) -> None:
     for point in cfg.points:
         point.spec.make_task()  # the task accepts its config
         assert MODELS.get(point.spec.model_name).data_kind == type(point.spec.make_task()).data_kind
+    check_device(cfg)  # a cuda study asks Ray for GPUs
     units, planned, _ = plan_units(cfg, tmp_path, path.stem, "cpu", 2)
     assert planned == sum(p.seeds.count for p in cfg.points)
     assert sum(len(u.seeds) for u in units) == planned
+
+
+# The studies written for a GPU (their comments say which published scale they follow).
+GPU_STUDIES = ["grokking_gpu", "zhou2023_length_gpu", "zhou2023_hints_gpu"]
+
+
+@pytest.mark.parametrize("name", GPU_STUDIES)
+def test_a_gpu_study_trains_on_gpus_scheduled_by_ray(name: str) -> None:
+    """``device: auto`` without ``gpus_per_trial`` resolves to the CPU, and ``device: cuda``
+    without it is refused: a GPU study must say both."""
+    cfg = parse(yaml.safe_load((CONFIGS[0].parent / f"{name}.yaml").read_text()))
+    assert resolve_device(cfg) == "cuda"
+    assert cfg.execution.gpus_per_trial > 0
