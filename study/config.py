@@ -71,7 +71,8 @@ class ExecutionConfig(FrozenConfig):
     last one what is left). ``auto``: on a GPU up to 64 per bundle; on CPUs one bundle per
     CPU, at most the model's ``cpu_bundle_cap`` seeds each, split evenly (``study/plan.py``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where bundles run; ``auto`` is CUDA when a GPU is present, else CPU."""
+    """Where bundles run; ``auto`` is CUDA when the study asks Ray for GPUs
+    (``gpus_per_trial`` > 0), else CPU (``study run`` notes GPUs it leaves unused)."""
     cuda_graphs: bool = False
     """On a GPU, replay each training step's loss and gradients from CUDA graphs (one per
     padded batch shape) instead of launching its kernels one by one: several times faster

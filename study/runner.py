@@ -202,6 +202,16 @@ def check_device(cfg: StudyConfig) -> None:
                           "set execution.gpus_per_trial (e.g. 1) so Ray schedules trials on GPUs")
 
 
+def unused_gpu_note(cfg: StudyConfig, resources: dict[str, float]) -> str | None:
+    """The line to print when Ray has GPUs that the study will not use: ``device: auto`` asks
+    for none unless ``execution.gpus_per_trial`` is set, and bundles then run on CPUs."""
+    gpus = resources.get("GPU", 0)
+    if not gpus or cfg.execution.device != "auto" or cfg.execution.gpus_per_trial > 0:
+        return None
+    return (f"note: Ray has {gpus:g} GPU(s) but execution.gpus_per_trial is 0, so bundles run on CPUs; "
+            "set execution.gpus_per_trial=1 to train each bundle on a GPU")
+
+
 def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
     """Everything that can fail on bad input, before Ray starts (and before OUT is written):
     the tasks' data (``Task.check``), split names, bundle sizes the model can train, and the
@@ -364,6 +374,8 @@ def _run_locked(
                 f"committed, {len(payloads)} trial(s) of {planned - already} seeds to run",
                 soft_wrap=True, highlight=False,
             )
+            if note := unused_gpu_note(cfg, resources):
+                console.print(f"study {name}: {note}", soft_wrap=True, highlight=False)
             # A local Ray has no autoscaler that pending trials would grow: one trial per slot.
             slots = None if address else concurrent_trials(resources, cfg)
             failed_units = launch(payloads, cfg, out, name, already, planned, slots)

@@ -507,6 +507,8 @@ def _tune_locked(
             stops = runner.SIGNALS
             if address:
                 warn_cluster_resources(cfg)
+            if note := runner.unused_gpu_note(cfg, resources):
+                console.print(f"study {name}: {note}", soft_wrap=True, highlight=False)
             if batch > 1:
                 from study.tuning_bundles import launch_bundles
 

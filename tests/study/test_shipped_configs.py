@@ -9,7 +9,7 @@ import yaml
 
 from study.config import parse
 from study.plan import plan_units
-from study.runner import check_device, resolve_device
+from study.runner import check_device, resolve_device, unused_gpu_note
 from trainables.registry import MODELS
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -46,3 +46,18 @@ def test_a_gpu_study_trains_on_gpus_scheduled_by_ray(name: str) -> None:
     cfg = parse(yaml.safe_load((CONFIGS[0].parent / f"{name}.yaml").read_text()))
     assert resolve_device(cfg) == "cuda"
     assert cfg.execution.gpus_per_trial > 0
+
+
+def test_gpus_ray_has_but_an_auto_study_leaves_unused_are_noted() -> None:
+    raw = yaml.safe_load((CONFIGS[0].parent / "quickstart.yaml").read_text())
+    raw["execution"]["device"] = "auto"
+    cfg = parse(raw)
+    assert resolve_device(cfg) == "cpu"
+    note = unused_gpu_note(cfg, {"CPU": 16, "GPU": 2})
+    assert note is not None and "2 GPU(s)" in note and "execution.gpus_per_trial=1" in note
+    assert unused_gpu_note(cfg, {"CPU": 16}) is None  # no GPU: nothing to say
+    raw["execution"]["gpus_per_trial"] = 1
+    assert resolve_device(parse(raw)) == "cuda"
+    assert unused_gpu_note(parse(raw), {"CPU": 16, "GPU": 2}) is None
+    raw["execution"].update(device="cpu", gpus_per_trial=0)
+    assert unused_gpu_note(parse(raw), {"CPU": 16, "GPU": 2}) is None  # the CPU chosen on purpose
