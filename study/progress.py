@@ -59,6 +59,9 @@ class ProgressCallback(Callback):
         self.every_s = every_s
         self.running: dict[str, Running] = {}
         self.failed = 0
+        self.failed_units: list[int] = []
+        """Indices of the units whose trials failed after their retries (Tune's results give
+        a trial that never reported no config, so they cannot say which)."""
         self.metric = ""
         self.started = self.last_line = time.monotonic()
         self.bar = progress.add_task(title, total=total, completed=done, info="") if progress else None
@@ -126,6 +129,7 @@ class ProgressCallback(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.running.pop(trial.trial_id, None)
+        self.failed_units.append(trial.config["unit_index"])
         self.failed += self.unit_sizes[trial.config["unit_index"]]
         self._line(f"a trial of {self.unit_sizes[trial.config['unit_index']]} seed(s) failed after its retries")
         self._show()

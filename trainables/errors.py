@@ -11,7 +11,9 @@ class FinelineError(Exception):
     """Base class: an error a user can fix (config, data, arguments).
 
     The CLI prints it as one ``error: ...`` line and exits with ``exit_code`` (2: the input
-    was refused, nothing ran)."""
+    was refused, nothing ran). A subclass whose constructor takes other arguments than
+    the message defines ``__reduce__`` (as :class:`ConfigError`), so that raised in a Ray
+    worker it reaches the driver as itself, not as Ray's UnserializableException."""
 
     exit_code: int = 2
 
@@ -24,6 +26,9 @@ class ConfigError(FinelineError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str]]:
+        return type(self), (self.field, self.problem, self.fix)
 
 
 class DataError(FinelineError):

@@ -77,8 +77,10 @@ class _Loader:
         finally:
             self.current = before
 
-    def import_module(self, name: str, origin: Origin, fix: str) -> ModuleType:
-        """Import ``name`` with registrations attributed to ``origin``; errors -> PluginError."""
+    def import_module(self, name: str, origin: Origin, fix: str, found_fix: str | None = None) -> ModuleType:
+        """Import ``name`` with registrations attributed to ``origin``; errors -> PluginError
+        whose fix is ``fix`` where ``name`` itself is not found, else ``found_fix`` (default
+        ``fix``): the module was found and raised, or imports a package that is missing."""
         if name in self.loaded and name in sys.modules:
             return sys.modules[name]
         with self.loading(origin):
@@ -90,9 +92,16 @@ class _Loader:
                 raise PluginError(f"plugin {origin}: {exc}") from None
             except Exception as exc:
                 where = _last_frame(exc)
+                absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+                if absent and (name == absent or name.startswith(absent + ".")):
+                    advice = fix
+                elif absent:
+                    advice = f"install the package that provides `{absent}` (the plugin imports it)"
+                else:
+                    advice = found_fix or fix
                 raise PluginError(
                     f"plugin {origin} failed to import: {type(exc).__name__}: {exc}{where}. "
-                    f"Fix: {fix}"
+                    f"Fix: {advice}"
                 ) from None
         self.loaded[name] = origin
         return module
@@ -162,7 +171,8 @@ def import_modules(
             "on PYTHONPATH, or pip install the package that provides it; or remove it from "
             "`plugins:`"
         )
-        modules.append(LOADER.import_module(name, Origin(name, f"plugins: of {source}"), advice))
+        found = fix or "fix the error at the place shown (the module was found but raised); or remove it from `plugins:`"
+        modules.append(LOADER.import_module(name, Origin(name, f"plugins: of {source}"), advice, found))
     return modules
 
 

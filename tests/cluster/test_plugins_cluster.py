@@ -137,4 +137,6 @@ def test_without_shipping_the_local_plugin_fails_on_the_workers(cluster: Cluster
     log = res.stdout + res.stderr
     assert "plugin blobs_task" in log and "ModuleNotFoundError: No module named 'blobs_task'" in log, log[-3000:]
     assert "execution.ship_plugins is false" in log
+    # trials that failed before their first result count as failed (Tune's results give them no config)
+    assert "0/2 runs committed, 2 failed, 0 pending" in log, log[-3000:]
     assert not list((out / "tables" / "runs").glob("study=blobs/*.parquet")), "no seed may commit"

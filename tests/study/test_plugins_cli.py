@@ -143,6 +143,44 @@ def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], sour
     assert "Fix: " in line, line
     if source is None:
         assert "ModuleNotFoundError" in line and str(home) in line
+    if source is not None and "undefined_name" in source:  # found, then raised: not "make it importable"
+        assert "Fix: fix the error at the place shown (the module was found" in line, line
+
+
+def test_a_plugin_importing_a_missing_package_names_that_package(folders: tuple[Path, Path]) -> None:
+    home, cwd = folders
+    (home / "blobs_task.py").write_text("import fineline_no_such_dependency\n")
+    line = refused(home, cwd, BASE)
+    assert "No module named 'fineline_no_such_dependency'" in line, line
+    assert "Fix: install the package that provides `fineline_no_such_dependency`" in line, line
+
+
+TORCH_DROPOUT_MODEL = """
+from torch import nn
+from trainables.models.mlp_plain import MLPPlainConfig
+from trainables.models.plain import PlainClassifier
+from trainables.registry import MODELS
+
+
+@MODELS.register
+class TorchDropoutMLP(PlainClassifier):
+    name = "torch_dropout_mlp"
+    Config = MLPPlainConfig
+
+    def build_module(self, config, meta):
+        n, c = meta["input_shape"][0], meta["n_classes"]
+        return nn.Sequential(nn.Linear(n, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, c))
+"""
+
+
+def test_a_plain_model_with_torch_dropout_is_refused_before_ray(folders: tuple[Path, Path]) -> None:
+    """The module is built once before Ray (not first in every trial, where Ray retried it
+    and printed a traceback per try)."""
+    home, cwd = folders
+    (home / "blobs_task.py").write_text((home / "blobs_task.py").read_text() + TORCH_DROPOUT_MODEL)
+    line = refused(home, cwd, with_(BASE, model={"name": "torch_dropout_mlp"}))
+    assert line.startswith("error: model: 'torch_dropout_mlp': module 2 is torch.nn.Dropout"), line
+    assert "Fix: use trainables.models.plain.Dropout(p)" in line, line
 
 
 def test_plugins_must_be_module_names(folders: tuple[Path, Path]) -> None:

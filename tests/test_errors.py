@@ -1,0 +1,43 @@
+"""fineline's exceptions cross process boundaries intact (a Ray worker's error reaches the
+driver as itself, not as Ray's UnserializableException)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import study.lock  # noqa: F401  (registers StudyLocked)
+import trainables.plugins  # noqa: F401  (registers PluginError)
+from trainables.errors import ConfigError, FinelineError, StudyIncomplete
+
+
+def subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *subclasses(sub)]
+    return out
+
+
+def example(cls: type[FinelineError]) -> FinelineError:
+    if issubclass(cls, ConfigError):
+        return cls("model.dropout", "torch.nn.Dropout draws one mask for the bundle", "use plain.Dropout(p)")
+    if issubclass(cls, StudyIncomplete):
+        return cls("0/2 runs committed, 2 failed", exit_code=130)
+    return cls("something is wrong. Fix: do this")
+
+
+@pytest.mark.parametrize("cls", [FinelineError, *subclasses(FinelineError)], ids=lambda c: c.__name__)
+def test_every_error_pickles_with_its_message_and_fields(cls: type[FinelineError]) -> None:
+    err = example(cls)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls
+    assert str(back) == str(err)
+    assert back.exit_code == err.exit_code
+    for name in ("field", "problem", "fix"):
+        assert getattr(back, name, None) == getattr(err, name, None)
+
+
+def test_the_hierarchy_is_all_here() -> None:
+    names = {c.__name__ for c in subclasses(FinelineError)}
+    assert {"ConfigError", "DataError", "StudyStateError", "StudyIncomplete", "StudyLocked", "PluginError"} <= names
