@@ -410,7 +410,9 @@ def parse_override(text: str) -> Override:
 
 def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override, ...]]:
     """``raw`` (a study file's content) with the overrides applied, each given once; a
-    missing block or field is added. ``grid.<dotted field>=[...]`` sets a grid axis."""
+    missing block or field is added. ``grid.<dotted field>=[...]`` sets a grid axis, and
+    ``tune.space.<dotted field>={low: .., high: ..}`` (or ``...<dotted field>.high=..``) a
+    searched field."""
     overrides = tuple(parse_override(t) for t in texts)
     seen: dict[str, str] = {}
     for o in overrides:
@@ -426,7 +428,7 @@ def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override
         if not rest:
             raw[block] = o.value
             continue
-        parts = [block, rest] if block == "grid" else o.path.split(".")
+        parts = [block, rest] if block == "grid" else _space_parts(o.path) or o.path.split(".")
         cur = raw
         for i, part in enumerate(parts[:-1]):
             nxt = cur.get(part)
@@ -439,6 +441,21 @@ def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override
             cur = nxt
         cur[parts[-1]] = o.value
     return raw, overrides
+
+
+def _space_parts(path: str) -> list[str] | None:
+    """``tune.space.<dotted field>[.low|high|log|type]`` as the blocks it sets (a space key
+    is itself a dotted field: ``tune.space.train.lr.high`` sets ``high`` of ``train.lr``);
+    None for any other path."""
+    from study.tuning_config import ParamSpace
+
+    if not path.startswith("tune.space.") or path.count(".") < 3:
+        return None
+    field = path.removeprefix("tune.space.")
+    key, _, attr = field.rpartition(".")
+    if attr in ParamSpace.model_fields and key.count(".") >= 1:
+        return ["tune", "space", key, attr]
+    return ["tune", "space", field]
 
 
 def load(path: Path, seeds_override: int | None = None, overrides: Sequence[str] = ()) -> StudyConfig:

@@ -100,6 +100,21 @@ def test_a_grid_override_sets_every_point(tmp_path: Path) -> None:
     assert [p.spec.train.lr for p in cfg.points] == [0.1, 0.2, 0.3]
 
 
+def test_a_tune_space_override_sets_one_searched_field(tmp_path: Path) -> None:
+    """A space key is itself a dotted field: ``tune.space.train.lr.high`` is ``high`` of
+    ``train.lr`` (it was split into blocks ``train`` and ``lr``)."""
+    space = {"train.lr": {"low": 0.01, "high": 1.0, "log": True}, "model.dropout": {"low": 0.0, "high": 0.5}}
+    path = write(tmp_path, {**TINY, "tune": {"trials": 2, "space": space}})
+    cfg = load(path, None, ["tune.space.train.lr.high=0.5", "tune.space.model.hidden_size={low: 4, high: 16, type: int}"])
+    assert cfg.raw["tune"]["space"] == {
+        "train.lr": {"low": 0.01, "high": 0.5, "log": True},
+        "model.dropout": {"low": 0.0, "high": 0.5},
+        "model.hidden_size": {"low": 4, "high": 16, "type": "int"},
+    }
+    cfg = load(path, None, ["tune.space={train.lr: {low: 0.1, high: 0.2}}"])  # the whole space
+    assert cfg.raw["tune"]["space"] == {"train.lr": {"low": 0.1, "high": 0.2}}
+
+
 BAD: list[tuple[str, list[str], str]] = [
     ("unknown-block", ["trian.lr=0.1"], "error: trian.lr: unknown block 'trian'. Fix: start the path with one of"),
     ("unknown-field", ["train.lrr=0.1"], "error: train.lrr: unknown field (set on the command line by 'train.lrr=0.1')"),
