@@ -58,6 +58,8 @@ TOY_STEPS_PER_EVAL = 32
 def _write(out: Path, table: str, study: str, stem: str, rows: list[dict[str, Any]]) -> None:
     schema = SCHEMAS.get(table) if table != "trials" else None
     t = pa.Table.from_pylist(rows, schema=schema)
+    if "study" in t.column_names:  # as trainables.results.write_rows: the folder holds it
+        t = t.drop_columns(["study"])
     folder = out / "tables" / table / f"study={study}"
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, folder / f"{stem}.parquet")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tests_support import CELL_MARKS_JS
@@ -115,41 +117,38 @@ def test_analyze_text_shows_the_verdict_first(out: Path) -> None:
     assert "Config vs config" in head and "Runs left out of every number" in head
 
 
-def _without_study_column(src: Path, dst: Path) -> None:
-    """Copy ``src``'s tables, writing each file without its ``study`` column."""
+def _with_study_column(src: Path, dst: Path) -> None:
+    """Copy ``src``'s tables as older fineline wrote them: each file with a ``study`` column."""
     for f in (src / "tables").rglob("*.parquet"):
         to = dst / f.relative_to(src)
         to.parent.mkdir(parents=True, exist_ok=True)
-        t = pq.read_table(f)
-        pq.write_table(t.drop_columns(["study"]) if "study" in t.column_names else t, to)
+        t = pq.read_table(f, partitioning=None)
+        study = f.parent.name.removeprefix("study=")
+        pq.write_table(t.add_column(0, "study", pa.array([study] * len(t), pa.string())), to)
 
 
 def test_tables_read_directly_by_pandas_and_duckdb(out: Path, tmp_path: Path) -> None:
-    # today's files carry a study column as well as the study= folder: pandas reads them
-    # with partitioning=None, the DuckDB recipe reads them as they are
-    today = pd.read_parquet(out / "tables" / "evals", partitioning=None)
+    # the files hold no study column (the study= folder names it): pandas and the DuckDB
+    # recipe read them with every default
+    direct = pd.read_parquet(out / "tables" / "evals")
+    assert set(direct["study"].astype(str)) == {"grid", "small", "one", "tune"}
     con = duckdb.connect()
     con.execute(outside_views_sql(out))
     counts = dict(con.execute("SELECT study, count(*) FROM evals GROUP BY study").fetchall())
-    assert counts == today.groupby("study").size().to_dict()
-    # files without the study column (the folder names it) read with every default
-    bare = tmp_path / "bare"
-    _without_study_column(out, bare)
-    direct = pd.read_parquet(bare / "tables" / "evals")
-    assert set(direct["study"].astype(str)) == {"grid", "small", "one", "tune"}
-    assert len(direct) == len(today)
-    con = duckdb.connect()
-    con.execute(outside_views_sql(bare))
-    assert con.execute("SELECT count(*) FROM evals").fetchone() == (len(today),)
-    # fineline's own views read both layouts alike
-    a, b = connect(out), connect(bare)
+    assert counts == direct.groupby("study", observed=True).size().to_dict()
+    # files of older versions carry the column as well: pandas reads them with
+    # partitioning=None, and fineline's own views read both layouts alike
+    old = tmp_path / "old"
+    _with_study_column(out, old)
+    assert len(pd.read_parquet(old / "tables" / "evals", partitioning=None)) == len(direct)
+    a, b = connect(out), connect(old)
     q = "SELECT study, split, round(sum(value), 9) FROM evals GROUP BY ALL ORDER BY ALL"
     assert a.execute(q).fetchall() == b.execute(q).fetchall()
 
 
 def test_outside_views_hide_uncommitted_rows(out: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
-    _without_study_column(out, copy)
+    shutil.copytree(out, copy)
     (copy / "tables" / "runs" / "study=one" / "one-t00-0.parquet").unlink()  # uncommit seed 0
     con = duckdb.connect()
     con.execute(outside_views_sql(copy))
