@@ -170,7 +170,7 @@ def verdict_text(v: vd.Verdict) -> list[str]:
     """The verdict as text lines (sentence, shares, seed sources, comparisons, excluded runs)."""
     lines = ["Verdict: does the config or the seed decide?", v.sentence]
     lines += [f"({line})" for line in (v.axis.pooled_text() if v.axis else ())]
-    if v.reason:
+    if v.reason and v.reason not in v.sentence:  # ("No verdict: REASON." says it already)
         lines.append(f"({'model: ' if v.design == 'grid' else ''}{v.reason})")
     if not v.shares.empty:
         t = v.shares.assign(

@@ -26,6 +26,7 @@ def curve_bands(
     level: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
+    unit: str = "step",
 ) -> tuple[pd.DataFrame, list[str]]:
     """Mean and band of each (point, split) curve over a *fixed* set of seeds.
 
@@ -35,7 +36,8 @@ def curve_bands(
     averages. When seeds stopped early (their curve ends before the longest one), the
     curve ends at the last step all seeds share and a note says so. Returns (rows with
     columns point, split, step, mean, low, high, count; notes). ``band``: ``ci`` (95%
-    percentile bootstrap of the mean across seeds, scipy) or ``minmax``.
+    percentile bootstrap of the mean across seeds, scipy) or ``minmax``. ``unit`` names
+    what the ``step`` column counts in the notes (``step`` or ``epoch``).
     """
     rows: list[pd.DataFrame] = []
     notes: list[str] = []
@@ -51,9 +53,9 @@ def curve_bands(
             early = int((last < wide.index.max()).sum())
             if early:
                 notes.append(
-                    f"{point} {split}: {early} of {n_seeds} seeds stopped before step "
-                    f"{int(wide.index.max())}; the mean and band end at step "
-                    f"{int(full.index.max()) if len(full) else '?'}, the last step all seeds logged"
+                    f"{point} {split}: {early} of {n_seeds} seeds stopped before {unit} "
+                    f"{int(wide.index.max())}; the mean and band end at {unit} "
+                    f"{int(full.index.max()) if len(full) else '?'}, the last {unit} all seeds logged"
                 )
         if full.empty:
             continue

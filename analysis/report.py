@@ -66,14 +66,17 @@ IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 
 @contextmanager
 def _progress(quiet: bool, total: int) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields ``step(description)``."""
-    if quiet:
+    """A rich progress bar on stderr when it is a terminal (in a log or a pipe a transient
+    bar only leaves a blank line); yields ``step(description)``."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
         yield lambda _msg: None
         return
-    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=console, transient=True) as bar:
         task = bar.add_task("report", total=total)
 
         def step(msg: str) -> None:
@@ -126,7 +129,7 @@ def _curves(
             f"(more than {MAX_CURVE_POINTS})"
         )
         per_seed["point"] = "all configs"
-    agg, notes = bands.curve_bands(per_seed, band=band, n_boot=n_boot, seed=seed)
+    agg, notes = bands.curve_bands(per_seed, band=band, n_boot=n_boot, seed=seed, unit=unit)
     ctx.notes.extend(f"{metric} curves: {n}" for n in notes)
     name = "95% bootstrap band of the mean" if band == "ci" else "min-max band"
     args = dict(band=name, unit=unit, definition=definition(ctx, metric))

@@ -140,7 +140,7 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
         parts.append(f"<p class='hint'>{html.escape(v.metric)}: {html.escape(definition_text)}</p>")
     for line in v.axis.pooled_text() if v.axis else ():
         parts.append(f"<p class='hint pooled'>{html.escape(line)}</p>")
-    if v.reason:
+    if v.reason and v.reason not in v.sentence:
         parts.append(f"<p class='hint'>Model: {html.escape(v.reason)}.</p>")
     if not v.shares.empty:
         t = v.shares.assign(

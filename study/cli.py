@@ -128,6 +128,9 @@ def run(
         assert config is not None
         cfg = load(_config_file(config), seeds, overrides or ())
         study_name, extra = _study_name(name, cfg.name), None
+        if cfg.tune is not None:
+            typer.echo(f"note: {config} has a tune: block, which `study tune` searches with; `study run` "
+                       "trains the file's own config(s) x seeds without it", err=True)
     counts = run_study(cfg, study_name, out, address, num_cpus, extra_manifest=extra)
     typer.echo(
         f"study {study_name}: {counts['done']}/{counts['planned']} runs committed "
@@ -223,13 +226,14 @@ def plugins(
     """Registered tasks and models: where each came from (entry point or study file) and its
     config fields. With CONFIG, the study file's `plugins:` are loaded first."""
     from analysis.formatting import format_rows
-    from study.plugins_info import registered
+    from study.plugins_info import fields_text, registered
 
     if config is not None:
         from study.config import load
 
         load(config)
-    typer.echo(format_rows(registered(with_docs=fields), fmt))
+    rows = registered(with_docs=fields)
+    typer.echo(fields_text(rows) if fields and fmt == "table" else format_rows(rows, fmt))
 
 
 @app.command("ls")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from pydantic.fields import FieldInfo
@@ -49,3 +50,19 @@ def _field(name: str, info: FieldInfo, with_docs: bool) -> str:
     if with_docs and info.description:
         text += ": " + " ".join(info.description.split())
     return text
+
+
+def fields_text(rows: list[Registered], width: int = 100) -> str:
+    """``study plugins --fields`` for a terminal: a block per task or model (its line, then
+    each field wrapped to ``width``), where a table's one cell per field list would be
+    thousands of columns wide."""
+    blocks = []
+    for r in rows:
+        lines = [f"{r.kind} {r.name} ({r.data_kind}): {r.source}"]
+        tail = "; metrics: " if r.kind == "task" else "; loss_reduction: "
+        fields, _, names = r.fields.rpartition(tail)
+        for item in (x.strip() for x in [*fields.splitlines(), tail[2:] + names]):
+            if item:
+                lines += textwrap.wrap(item, width, initial_indent="  ", subsequent_indent="      ")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

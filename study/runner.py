@@ -395,7 +395,7 @@ def _run_locked(
             console.print(
                 f"study {name}: Ray started ({resources.get('CPU', 0):g} CPUs, "
                 f"{resources.get('GPU', 0):g} GPUs); {planned} runs planned, {already} already "
-                f"committed, {len(payloads)} trial(s) of {planned - already} seeds to run",
+                f"committed; {planned - already} to run in {len(payloads)} bundle(s) (Ray trials)",
                 soft_wrap=True, highlight=False,
             )
             if note := unused_gpu_note(cfg, resources):

@@ -57,7 +57,6 @@ from study.runner import (
     worker_env,
 )
 from study.tuning_config import (
-    DEFAULT_SPACES,
     SEARCH_IDENTITY,
     Objective,
     ParamSpace,
@@ -672,7 +671,6 @@ def best_config(
 
 
 __all__ = [
-    "DEFAULT_SPACES",
     "Objective",
     "ParamSpace",
     "TuneBlock",

@@ -17,17 +17,9 @@ from study.plan import seedsets
 from trainables.configbase import FrozenConfig
 from trainables.errors import ConfigError
 from trainables.optim import PER_MEMBER
-from trainables.registry import MODELS
+from trainables.registry import MODELS, TASKS
 from trainables.spec import RunSpec, validate
 from trainables.tuning_unit import apply_params
-
-DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
-    "symbol_rewriting": {
-        "train.lr": {"low": 0.01, "high": 1.0, "log": True},
-        "model.dropout": {"low": 0.0, "high": 0.5},
-    },
-}
-"""Task name -> the search space used when a ``tune:`` block gives no ``space``."""
 
 TUNABLE_ROLES = ("val", "val_ood")
 """Split roles tuning may look at (objective, epoch selection, pruning)."""
@@ -134,13 +126,15 @@ def tune_block(cfg: StudyConfig) -> TuneBlock:
     block: TuneBlock = validate(TuneBlock, dict(cfg.tune), "tune")
     point = cfg.points[0]
     if block.space is None:
-        if point.spec.task_name not in DEFAULT_SPACES:
+        declared = TASKS.get(point.spec.task_name).default_search_space
+        if declared is None:
             raise ConfigError(
                 "tune.space",
                 f"task {point.spec.task_name!r} has no default search space",
-                "name one, e.g. `space: {train.lr: {low: 0.001, high: 0.1, log: true}}`",
+                "name one, e.g. `space: {train.lr: {low: 0.001, high: 0.1, log: true}}` (a task "
+                "declares its default as Task.default_search_space)",
             )
-        default = {k: ParamSpace(**r) for k, r in DEFAULT_SPACES[point.spec.task_name].items()}
+        default = {k: ParamSpace(**r) for k, r in declared.items()}
         block = block.model_copy(update={"space": default})
     assert block.space is not None
     if not block.space:

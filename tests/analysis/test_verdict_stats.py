@@ -222,6 +222,8 @@ def test_curve_bands_use_a_fixed_seed_set_and_say_when_seeds_stopped() -> None:
     assert agg["mean"].tolist() == pytest.approx([2.0, 3.0])
     assert ((agg["low"] >= agg["mean"] - 1) & (agg["high"] <= agg["mean"] + 1)).all()
     assert notes and "1 of 3 seeds stopped before step 3" in notes[0]
+    _, in_epochs = curve_bands(df, n_boot=200, unit="epoch")  # the report's curves by epoch
+    assert "stopped before epoch 3; the mean and band end at epoch 2" in in_epochs[0]
     mm, _ = curve_bands(df, band="minmax")
     assert mm["low"].tolist() == [1.0, 2.0] and mm["high"].tolist() == [3.0, 4.0]
 

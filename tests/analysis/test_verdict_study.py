@@ -193,3 +193,10 @@ def test_image_exports_keep_the_header(grid_report: Any, tmp_path: Path) -> None
     assert "fineline study report: grid" in svg and "verdict: " in svg
     pdf = grid_report.save(tmp_path / "grid.pdf").read_bytes()
     assert pdf[:5] == b"%PDF-" and len(pdf) > 10_000
+
+
+def test_a_no_verdict_reason_is_said_once(tmp_path: Path) -> None:
+    write_demo_study(tmp_path, "lone", n_seeds=1, seed=4)  # one config, one seed: no verdict
+    text = analyze(tmp_path, "lone", n_boot=50)
+    assert "No verdict: one config: nothing to compare between configs" in text
+    assert text.count("nothing to compare between configs") == 1, text[:600]

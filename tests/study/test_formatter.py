@@ -152,6 +152,13 @@ def test_unknown_format_is_refused_before_any_work(
     assert lines == ["error: --format: unknown format 'xml'. Fix: use one of: table, csv, json"]
 
 
+def test_report_errors_in_a_log_are_their_one_line(out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No progress bar where stderr is no terminal: its transient bar left a blank line."""
+    rc, text, err = cli(["report", "nosuch", "--out", str(out)], capsys)
+    assert rc != 0 and text == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, repr(err)
+
+
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_every_table_command_takes_the_same_formats(
     out: Path, capsys: pytest.CaptureFixture[str], fmt: str

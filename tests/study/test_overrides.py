@@ -211,3 +211,15 @@ def test_resume_reuses_the_recorded_overrides(ran: tuple[Path, Path]) -> None:
     assert m["overrides"] == OVERRIDES and m["config"]["train"]["lr"] == 0.25
     status = json.loads(study("status", "ovr", "--out", str(out), "--format", "json").stdout)
     assert [(s["planned"], s["done"], s["pending"]) for s in status] == [(2, 2, 0)]
+
+
+def test_run_on_a_tuning_file_says_the_tune_block_is_not_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray: None
+) -> None:
+    config = write(tmp_path, {**TINY, "tune": {"trials": 2, "seeds_per_candidate": 1}})
+    with pytest.raises(RayStarted):  # a valid study: it gets as far as starting Ray
+        cli.cli_main(["run", str(config), "--out", str(tmp_path / "results")])
+    assert "has a tune: block, which `study tune` searches with" in capsys.readouterr().err
+    with pytest.raises(RayStarted):
+        cli.cli_main(["run", str(write(tmp_path, TINY, "plain.yaml")), "--out", str(tmp_path / "results")])
+    assert "tune: block" not in capsys.readouterr().err

@@ -74,6 +74,19 @@ def test_study_plugins_lists_a_local_plugin_found_beside_the_study_file(folders:
     assert "blobs" not in {r["name"] for r in json.loads(study(cwd, "plugins", "--format", "json").stdout)}
 
 
+def test_plugin_fields_on_a_terminal_are_a_block_per_plugin(folders: tuple[Path, Path]) -> None:
+    home, cwd = folders
+    (home / "study.yaml").write_text(yaml.safe_dump(BASE))
+    res = study(cwd, "plugins", str(home / "study.yaml"), "--fields")
+    assert res.returncode == 0, res.stderr
+    block = res.stdout.split("\n\n")
+    blobs = next(b for b in block if b.startswith("task blobs (classify): blobs_task.Blobs (plugins: of"))
+    lines = blobs.splitlines()
+    assert lines[1] == "  n=200: Examples per split.", lines
+    assert lines[-1].startswith("  metrics: ")
+    assert max(len(ln) for ln in res.stdout.splitlines() if not ln.startswith(("task ", "model "))) <= 100
+
+
 @pytest.mark.parametrize(
     ("train", "field", "fix"),
     [

@@ -61,3 +61,19 @@ def test_gpus_ray_has_but_an_auto_study_leaves_unused_are_noted() -> None:
     assert unused_gpu_note(parse(raw), {"CPU": 16, "GPU": 2}) is None
     raw["execution"].update(device="cpu", gpus_per_trial=0)
     assert unused_gpu_note(parse(raw), {"CPU": 16, "GPU": 2}) is None  # the CPU chosen on purpose
+
+
+def test_the_plugin_docs_study_file_parses() -> None:
+    """docs/plugins.md's shortened study file of the example plugin (installed by .ci/run)."""
+    import re
+
+    from trainables.registry import TASKS
+
+    if "parity" not in {t.name for t in TASKS}:
+        pytest.skip("the example plugin (examples/parity_plugin) is not installed")
+    doc = (CONFIGS[0].parents[1] / "docs" / "plugins.md").read_text()
+    block = re.search(r"```yaml\n(name: parity\n.*?)```", doc, re.S)
+    assert block, "no study file of the example in docs/plugins.md"
+    cfg = parse(yaml.safe_load(block.group(1)))
+    assert [p.spec.train.lr for p in cfg.points] == [0.001, 0.003]
+    assert (cfg.points[0].spec.task_name, cfg.points[0].spec.model_name) == ("parity", "parity_mlp")

@@ -447,3 +447,21 @@ def test_a_pruned_candidate_is_pruned_in_optuna_and_listed_in_trials(tmp_path: P
     assert rows[0]["trial_id"] == trial.user_attrs["trial_id"]
     assert (rows[0]["pruned_objective"], rows[0]["pruned_epoch"]) == (50.0, 1)
     assert rows[0]["param_train_lr"] == pytest.approx(params["train.lr"], rel=1e-12)
+
+
+def test_a_task_declares_its_default_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Task.default_search_space`` (a plugin's task declares its own); without one, a
+    ``tune:`` block must name its space and the error says where a default would go."""
+    from trainables.registry import TASKS
+    from trainables.tasks.toy2d import Toy2D
+
+    toy = {"task": {"name": "toy2d"}, "model": {"name": "mlp"}, "seeds": {"count": 2},
+           "train": {"selection": {"split": "train_eval"}},
+           "tune": {"objective": {"split": "train_eval", "metric": "accuracy"}, "trials": 2}}
+    with pytest.raises(ConfigError, match=r"Task\.default_search_space") as err:
+        tune_block(parse(toy))
+    assert err.value.field == "tune.space"
+    monkeypatch.setattr(TASKS.get("toy2d"), "default_search_space", {"train.lr": {"low": 0.001, "high": 0.1, "log": True}})
+    assert TASKS.get("toy2d") is Toy2D
+    block = tune_block(parse(toy))
+    assert block.space is not None and list(block.space) == ["train.lr"] and block.space["train.lr"].high == 0.1

@@ -104,6 +104,9 @@ class Task(ABC):
     A ``data_dir`` value here is a folder name under the reference data (``../shared/data``)."""
     tiny_train: ClassVar[dict[str, Any]] = {}
     """Train-config overrides that suit this task in the contract test (optimizer, batch)."""
+    default_search_space: ClassVar[dict[str, dict[str, Any]] | None] = None
+    """The ``tune.space`` a study file's ``tune:`` block gets when it names none: dotted
+    field -> ``{low, high, log?, type?}`` (None: such a block must name its space)."""
 
     def __init__(self, config: FrozenConfig) -> None:
         self.config = config

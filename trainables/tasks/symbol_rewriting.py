@@ -295,6 +295,11 @@ class SymbolRewriting(Task):
         "short_lengths": (1, 2), "long_lengths": (5, 6),
     }
     tiny_train: ClassVar[dict[str, Any]] = {"batch_size": 16, "max_epochs": 3}
+    # Weber et al. tuned the learning rate and dropout against the uncharacteristic set
+    default_search_space: ClassVar[dict[str, dict[str, Any]] | None] = {
+        "train.lr": {"low": 0.01, "high": 1.0, "log": True},
+        "model.dropout": {"low": 0.0, "high": 0.5},
+    }
 
     def __init__(self, config: SymbolRewritingConfig | None = None) -> None:
         super().__init__(config or SymbolRewritingConfig())
