@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from study import manifest as manifest_mod
-from study.config import Point, StudyConfig, parse
+from study.config import Point, StudyConfig
 from trainables.data import Split, TaskData
 from trainables.errors import ConfigError, StudyStateError
 from trainables.loop import BundleRun
@@ -104,7 +104,7 @@ def evaluate_study(
     except (TypeError, ValueError):
         raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds)",
                           "restore it, or re-create it with `study run CONFIG --name NAME`") from None
-    cfg = parse(manifest_mod.recorded_config(m), seeds, m.get("plugin_dir"))
+    cfg = manifest_mod.parse_recorded(m, manifest_mod.recorded_config(m), seeds)
     if locked:
         return _evaluate(cfg, out, name, tuple(dict.fromkeys(splits)), redo)
     with study_lock(out, name):

@@ -96,6 +96,28 @@ def recorded_config(m: dict[str, Any]) -> dict[str, Any]:
     return dict(m["config"])
 
 
+def parse_recorded(m: dict[str, Any], raw: dict[str, Any], seeds: int | None) -> Any:
+    """``study.config.parse`` of a config that manifest ``m`` recorded. A task or model that
+    is no longer registered (its plugin was uninstalled or moved) is refused naming where
+    the study had it from, as the manifest recorded (``plugins``)."""
+    from study.config import parse
+    from trainables.registry import MODELS, TASKS
+
+    try:
+        return parse(raw, seeds, m.get("plugin_dir"))
+    except ConfigError as exc:
+        if exc.field not in ("task.name", "model.name"):
+            raise
+        known = {"task": set(TASKS.names()), "model": set(MODELS.names())}
+        gone = [f"{key} from {source}" for key, source in sorted((m.get("plugins") or {}).items())
+                if key.partition(" ")[2] not in known.get(key.partition(" ")[0], set())]
+        if not gone:
+            raise
+        raise ConfigError(exc.field, f"{exc.problem}; this study ran {'; '.join(gone)}",
+                          "install that package again (or put the module back where the study "
+                          "file's plugins: found it), then retry") from None
+
+
 def write(out: Path, name: str, manifest: dict[str, Any]) -> None:
     path = manifest_path(out, name)
     path.parent.mkdir(parents=True, exist_ok=True)

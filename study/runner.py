@@ -320,7 +320,7 @@ def recorded_study(out: Path, name: str, m: dict[str, Any]) -> tuple[StudyConfig
     seed count, and the manifest extras a re-run keeps (``tuned_from``)."""
     import dataclasses
 
-    from study.config import parse, with_point_counts
+    from study.config import with_point_counts
 
     try:
         seeds = int(m["seeds"])
@@ -330,7 +330,7 @@ def recorded_study(out: Path, name: str, m: dict[str, Any]) -> tuple[StudyConfig
     recorded = tuple(str(o) for o in m.get("overrides") or ())  # already applied to m["config"]
     per_point = {str(p["trial_id"]): int(p["seeds"]) for p in m.get("points") or [] if "trial_id" in p}
     raw = manifest_mod.recorded_config(m)
-    cfg = with_point_counts(parse(raw, None if per_point else seeds, m.get("plugin_dir")), per_point)
+    cfg = with_point_counts(manifest_mod.parse_recorded(m, raw, None if per_point else seeds), per_point)
     return dataclasses.replace(cfg, overrides=recorded), {k: m[k] for k in ("tuned_from",) if k in m}
 
 

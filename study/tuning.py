@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from study import manifest as manifest_mod
-from study.config import StudyConfig, check_name, parse
+from study.config import StudyConfig, check_name
 from study.lock import study_lock
 from study.plan import seedsets
 from study.runner import (
@@ -651,7 +651,7 @@ def best_config(
     resolved = json.loads(found[0])
     raw = {k: v for k, v in manifest_mod.recorded_config(m).items() if k not in ("tune", "name", "grid")}
     raw.update({k: resolved[k] for k in ("task", "model", "train")})
-    cfg = parse(raw, seeds or 50, m.get("plugin_dir"))
+    cfg = manifest_mod.parse_recorded(m, raw, seeds or 50)
     study_name = check_name(name or f"{tune_name}-best")
     row = best.iloc[0]
     extra = {

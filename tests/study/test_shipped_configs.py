@@ -77,3 +77,21 @@ def test_the_plugin_docs_study_file_parses() -> None:
     cfg = parse(yaml.safe_load(block.group(1)))
     assert [p.spec.train.lr for p in cfg.points] == [0.001, 0.003]
     assert (cfg.points[0].spec.task_name, cfg.points[0].spec.model_name) == ("parity", "parity_mlp")
+
+
+def test_a_study_whose_plugin_is_gone_names_where_it_came_from() -> None:
+    """``study resume`` / ``eval`` / ``run --from-best`` parse the recorded config: a task
+    no longer registered is refused with the source the manifest recorded."""
+    from study.manifest import parse_recorded
+    from trainables.errors import ConfigError
+
+    raw = yaml.safe_load((CONFIGS[0].parent / "quickstart.yaml").read_text())
+    raw["task"] = {"name": "gone_task"}
+    m = {"plugins": {"task gone_task": "gone.Task (entry point 'gone' of gone-pkg 1.0)",
+                     "model seq2seq": "trainables.models.seq2seq.Seq2Seq (entry point 'seq2seq' of fineline 0.1.0)"}}
+    with pytest.raises(ConfigError) as err:
+        parse_recorded(m, raw, None)
+    assert err.value.field == "task.name"
+    assert "this study ran task gone_task from gone.Task (entry point 'gone' of gone-pkg 1.0)" in str(err.value)
+    assert "seq2seq" not in err.value.problem.split("this study ran")[1]  # still registered: not named
+    assert "install that package again" in err.value.fix
