@@ -78,12 +78,18 @@ def fit_groups(pairs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(POOLED, pairs)]
 
 
+def _runs_behind(pairs: pd.DataFrame, point: str) -> int:
+    """Distinct runs (trial_id, seed) in the fit of ``point`` (:data:`POOLED`: every run)."""
+    sub = pairs if point == POOLED else pairs[pairs["point"].astype(str) == point]
+    return int(sub[["trial_id", "seed"]].drop_duplicates().shape[0])
+
+
 def declared_regressions(ctx: StudyContext) -> list[RegressionResult]:
-    """Fit every regression the task declared, per grid point."""
+    """Fit every regression the task declared, per grid point, over the ok runs."""
     out = []
     for r in ctx.regressions:
         fetch = q.run_pairs if r.over == "runs" else q.checkpoint_pairs
-        pairs = fetch(ctx.con, ctx.name, r.x, r.y, labels=ctx.labels)
+        pairs = ctx.ok_only(fetch(ctx.con, ctx.name, r.x, r.y, labels=ctx.labels))
         pairs["x"] = stats.apply_transform(pairs["x"], r.x.transform)
         pairs["y"] = stats.apply_transform(pairs["y"], r.y.transform)
         pairs = pairs.dropna(subset=["x", "y"]).reset_index(drop=True)
@@ -96,11 +102,11 @@ def scatter_data(
     ctx: StudyContext, *, n_boot: int = 2000, seed: int = 0
 ) -> tuple[pd.DataFrame, dict[str, stats.Regression], dict[str, stats.Correlation]] | None:
     """The seed scatter's pairs (trial_id, point, seed, x, y) with a fit and Pearson r
-    (bootstrap interval) per point; ``None`` when the study has no scatter axes."""
+    (bootstrap interval) per point, ok runs only; ``None`` when the study has no scatter axes."""
     if ctx.scatter is None:
         return None
     ax, ay = ctx.scatter
-    pairs = q.run_pairs(ctx.con, ctx.name, ax, ay, labels=ctx.labels)
+    pairs = ctx.ok_only(q.run_pairs(ctx.con, ctx.name, ax, ay, labels=ctx.labels))
     fits, corrs = {}, {}
     for p, sub in fit_groups(pairs):
         fits[p] = stats.regress(sub["x"], sub["y"])
@@ -138,10 +144,10 @@ def summary_table(
 
 
 def test_correlations(ctx: StudyContext) -> list[tuple[str, stats.CorrelationMatrix]]:
-    """Per grid point: the Pearson matrix of the test splits on the primary metric."""
+    """Per grid point with ok runs: the Pearson matrix of the test splits on the primary metric."""
     if ctx.primary is None or len(ctx.test_splits) < 2:
         return []
-    wide = q.seed_table(ctx.con, ctx.name, metric=ctx.primary, labels=ctx.labels)
+    wide = ctx.ok_only(q.seed_table(ctx.con, ctx.name, metric=ctx.primary, labels=ctx.labels))
     cols = [s for s in ctx.test_splits if s in wide.columns]
     return [
         (str(p), stats.correlation_matrix(sub, cols))
@@ -305,12 +311,13 @@ def analyze(
                     for k, v in f.as_dict().items()
                     if k in ("n", "slope", "intercept", "r2", "p")
                 },
-                "warn": iv.seed_warning(f.n),
+                "runs": _runs_behind(r.pairs, p),
+                "warn": iv.seed_warning(_runs_behind(r.pairs, p)),
             }
             for r in regs
             for p, f in r.fits.items()
         ],
-        columns=["point", "y", "x", "over", "n", "slope", "intercept", "r2", "p", "warn"],
+        columns=["point", "y", "x", "over", "n", "runs", "slope", "intercept", "r2", "p", "warn"],
     )
     scatter_records = []
     if scatter is not None and ctx.scatter is not None:
@@ -377,6 +384,10 @@ def analyze(
         parts += ["", "Seed scatter correlation (95% bootstrap interval)", text_table(scatter_rows)]
     if not reg_rows.empty:
         parts += ["", "Regressions declared by the task", text_table(reg_rows)]
+        if (reg_rows["over"] == "checkpoints").any():
+            parts.append("(over checkpoints, n counts (run, checkpoint) pairs: p treats them as "
+                         "independent, so it is smaller than the runs behind it support; warn "
+                         "counts runs)")
     parts += aggregates_text(agg, text_table)
     parts += questions_text(questions, text_table)
     if questions.warnings:

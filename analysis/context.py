@@ -71,6 +71,15 @@ class StudyContext:
         """The study's committed runs with every seed source (:func:`analysis.queries.run_seeds`)."""
         return q.run_seeds(self.con, self.name)
 
+    def ok_only(self, runs: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``runs`` (columns trial_id, seed, ...) whose run's status is ``ok``:
+        what every number of ``study analyze`` is computed over."""
+        seeds = self.run_seeds()
+        ok = seeds.loc[seeds["status"].fillna("ok") == "ok", ["trial_id", "seed"]]
+        keys = set(zip(ok["trial_id"], ok["seed"].astype(int), strict=True))
+        keep = [(t, int(s)) in keys for t, s in zip(runs["trial_id"], runs["seed"], strict=True)]
+        return runs[keep].reset_index(drop=True)
+
     def close(self) -> None:
         self.con.close()
 

@@ -83,13 +83,14 @@ def mean_interval(
 ) -> Interval:
     """Bootstrap interval of the mean of ``values`` (n,) (scipy, BCa; percentile fallback).
 
-    The interval lies within ``[min(values), max(values)]``. NaN bounds for n < 2; a
-    point interval when every value is equal (the bootstrap has nothing to resample).
+    The interval lies within ``[min(values), max(values)]``. NaN bounds and method ``none``
+    for n < 2; a point interval when every value is equal (the bootstrap has nothing to
+    resample).
     """
     a = _clean(values)
     est = float(a.mean()) if a.size else float("nan")
     if a.size < 2:
-        return Interval(est, float("nan"), float("nan"), level, "bootstrap-bca", int(a.size))
+        return Interval(est, float("nan"), float("nan"), level, "none", int(a.size))
     if np.ptp(a) == 0:
         return Interval(est, est, est, level, "constant", int(a.size))
     lo, hi, used = _scipy_bootstrap(
@@ -110,7 +111,7 @@ def diff_interval(
     est = float(x.mean() - y.mean()) if x.size and y.size else float("nan")
     n = int(x.size + y.size)
     if x.size < 2 or y.size < 2:
-        return Interval(est, float("nan"), float("nan"), level, "bootstrap-bca", n)
+        return Interval(est, float("nan"), float("nan"), level, "none", n)
     if np.ptp(x) == 0 and np.ptp(y) == 0:
         return Interval(est, est, est, level, "constant", n)
 

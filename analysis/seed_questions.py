@@ -501,8 +501,9 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
     c = qs.seeds
     if not c.table.empty:
         t = c.table.copy()
+        defined = np.isfinite(t["sd"].astype(float))  # n < 2: no sd, so no count either
         for col in ("seeds_needed", "seeds_needed_sd_upper", "seeds_per_config"):
-            t[col] = t[col].map(lambda v: ">100000" if v is None or pd.isna(v) else str(int(v)))
+            t[col] = [_count(v, d) for v, d in zip(t[col], defined, strict=True)]
         lines += [
             "",
             f"How many seeds ({c.metric}; {c.targets}): seeds_needed to estimate the mean to "
@@ -512,11 +513,9 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
             text_table(t),
         ]
         if not c.power.empty:
-            p = c.power.assign(
-                seeds_needed=c.power["seeds_needed"].map(
-                    lambda v: ">100000" if v is None or pd.isna(v) else str(int(v))
-                )
-            )
+            p = c.power.assign(seeds_needed=[
+                _count(v, bool(d)) for v, d in zip(c.power["seeds_needed"], c.power["diff"] != 0, strict=True)
+            ])
             lines += [f"Power of each config comparison at its seeds, for the difference observed "
                       f"(two-sided Welch t, alpha {sc.ALPHA}; underpowered: power < {sc.POWER})",
                       text_table(p)]  # fmt: skip
@@ -559,3 +558,11 @@ def questions_json(qs: Questions) -> dict[str, Any]:
             "interval": "bootstrap-percentile", "rows": records(qs.multiboot),
         },
     }  # fmt: skip
+
+
+def _count(v: Any, defined: bool) -> str:
+    """A seed count as text: blank where it is undefined (one run: no sd; no difference),
+    ``>100000`` where it is above :data:`analysis.seedcount.MAX_SEEDS`."""
+    if v is not None and not pd.isna(v):
+        return str(int(v))
+    return f">{sc.MAX_SEEDS}" if defined else ""

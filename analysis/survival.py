@@ -291,16 +291,24 @@ def _first_time(km: pd.DataFrame, column: str, level: float = 0.5) -> float | No
     return float(below.iloc[0]) if not below.empty else None
 
 
-def median_time(km: pd.DataFrame) -> tuple[float | None, float | None, float | None]:
-    """(median, low, high) of the time to the event from a :func:`kaplan_meier` table.
+def median_time(
+    km: pd.DataFrame, level: float = 0.95
+) -> tuple[float | None, float | None, float | None]:
+    """(median, low, high) of the time to the event from a :func:`kaplan_meier` table (its
+    band at ``level``).
 
     The median is the first time with ``S(t) <= 0.5``; the interval (Brookmeyer-Crowley,
     read from the band) runs from the first time the band's lower curve is ``<= 0.5`` to
     the first time its upper curve is. ``None`` where that never happens within the
-    table's times (e.g. fewer than half the runs reached the event: no median)."""
+    table's times (e.g. fewer than half the runs reached the event: no median). With 5 runs
+    or fewer the lower curve is ``<= 0.5`` from the start (before any time, the exact bound
+    ``((1 - level) / 2) ** (1 / n)``), so nothing bounds the median from below: low is 0."""
     if km.empty:
         return None, None, None
-    return _first_time(km, "survival"), _first_time(km, "low"), _first_time(km, "high")
+    low = _first_time(km, "low")
+    if ((1 - level) / 2) ** (1 / float(km["at_risk"].iloc[0])) <= 0.5 + 1e-12:
+        low = 0.0
+    return _first_time(km, "survival"), low, _first_time(km, "high")
 
 
 def reached_by(km: pd.DataFrame, time: float) -> tuple[float, float, float]:
@@ -376,7 +384,7 @@ def event_summary(
         code = np.select([sub["outcome"] == "event", sub["outcome"] == "diverged"], [1, 2], 0)
         cif = cumulative_incidence(sub["time"], code)
         budget = float(sub["budget"].max())
-        med, lo, hi = median_time(km)
+        med, lo, hi = median_time(km, level)
         r, r_lo, r_hi = reached_by(km, budget) if not km.empty else (np.nan,) * 3
         all_by = cif.loc[cif["time"] <= budget, "cif_event"]
         rows.append((p, len(sub), int(kinds.get("event", 0)), int(kinds.get("budget", 0)),

@@ -252,6 +252,30 @@ def excluded_runs(runs: pd.DataFrame, labels: dict[str, str] | None = None) -> p
     return pd.DataFrame(rows, columns=cols)
 
 
+def left_out_text(trial_ids: list[str], excluded: pd.DataFrame, values: pd.DataFrame,
+                  splits: list[str]) -> str:
+    """``lr=1 (0 of 6 runs ok: 6 never learned)``, for configs a verdict cannot compare.
+
+    ``excluded``: :func:`excluded_runs`' table; ``values``: the verdict's ok values (columns
+    trial_id, split, value), to say so when ok runs lack the verdict's splits."""
+    parts = []
+    for tid in trial_ids:
+        row = excluded[excluded["trial_id"] == tid]
+        if row.empty:
+            parts.append(str(tid))
+            continue
+        r = row.iloc[0]
+        why = [f"{int(r[k])} {w}" for k, w in (("not_learned", "never learned"), ("diverged", "diverged"),
+                                                ("other", "other")) if int(r[k])]
+        has = values[values["trial_id"] == tid].groupby("split").size()
+        short = [sp for sp in splits if has.get(sp, 0) < 2]
+        if int(r["ok"]) >= 2 and short:
+            why.append(f"fewer than 2 values of {', '.join(short)}")
+        parts.append(f"{r['point']} ({int(r['ok'])} of {int(r['runs'])} runs ok"
+                     + (f": {', '.join(why)}" if why else "") + ")")
+    return "; ".join(parts)
+
+
 def grid_sentence(
     shares: pd.DataFrame, comparisons: pd.DataFrame, metric: str, factor: str, headline: str
 ) -> str:
@@ -282,7 +306,10 @@ def grid_sentence(
         )
     others = shares[shares["split"] != headline]
     if not others.empty:
-        parts = ", ".join(f"{x['split']} {pct(x['between'])}%" for _, x in others.iterrows())
+        parts = ", ".join(
+            f"{x['split']} {pct(x['between'])}%" if pd.notna(x["F"]) else f"{x['split']} no variance"
+            for _, x in others.iterrows()
+        )
         s += f" Other splits: {parts}."
     if not cmp.empty and not constant:
         top = cmp.sort_values("p_holm", kind="stable").iloc[0]
@@ -393,6 +420,7 @@ def study_verdict(
     e = ctx.evals
     ok = e[e["status"].fillna("ok") == "ok"]
     values = axis_values(ok, axis)
+    values = values[values["value"].notna()]  # an ok run without this value is not a seed of it
     v = Verdict("single", metric, hib, splits, "", excluded=excluded, axis=axis)
     n_out = int(excluded["runs"].sum() - excluded["ok"].sum()) if not excluded.empty else 0
     if n_out:
@@ -414,19 +442,23 @@ def study_verdict(
         return v
     if ctx.kind == "tune":
         return _tune_verdict(ctx, v, ok, level=level, n_boot=n_boot, seed=seed)
-    n_configs = values["trial_id"].nunique()
-    if n_configs < 2 or seeds_min < 2:
+    configs = sorted(set(runs["trial_id"]) | set(values["trial_id"]))
+    fewest = sizes.groupby(level="trial_id").min() if not sizes.empty else pd.Series(dtype=int)
+    compared = [t for t in configs if fewest.get(t, 0) >= 2]
+    left_out = left_out_text([t for t in configs if t not in compared], excluded, values, splits)
+    if len(configs) < 2 or len(compared) < 2:
         v.reason = (
             "one config: nothing to compare between configs (the spread across seeds is in "
             "the summary)"
-            if n_configs < 2
-            else "configs with fewer than 2 ok seeds"
+            if len(configs) < 2
+            else f"fewer than 2 configs have 2 or more ok seeds ({left_out})"
         )
         v.sentence = f"No verdict: {v.reason}."
         head = values.loc[values["split"] == splits[0], "value"]
-        if n_configs == 1 and head.notna().sum() >= 2:
+        if len(configs) == 1 and head.size >= 2:
             v.sentence = seed_spread_sentence(head, metric, splits[0], n_boot=n_boot, seed=seed)
         return v
+    values = values[values["trial_id"].isin(compared)]
     v.design, v.model = "grid", "fixed"
     v.reason = MODEL_REASON
     v.shares = grid_shares(values, splits, level=level)
@@ -437,6 +469,8 @@ def study_verdict(
     v.sources = source_shares(runs_with_seeds(head, runs), level=level, n_boot=n_boot, seed=seed)
     points = [dict(p.get("point", {})) for p in ctx.manifest.points] if ctx.manifest else []
     v.sentence = grid_sentence(v.shares, v.comparisons, metric, factor_name(points), splits[0])
+    if left_out:
+        v.sentence += f" Not compared, with fewer than 2 ok seeds: {left_out}."
     if not v.sources.empty:
         v.sentence = sources_sentence(v.sources, metric, splits[0]) + " " + v.sentence
     return v

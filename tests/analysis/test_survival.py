@@ -95,6 +95,13 @@ def test_all_censored_has_no_median_and_reaches_nothing_within_an_exact_bound() 
     # no event among 2 runs followed to 3, among 1 followed to 5: S >= 0.025 ** (1 / n)
     assert km["low"].tolist() == pytest.approx([0.025**0.5, 0.025])
     assert sv.median_time(km)[0] is None and sv.median_time(km)[2] is None
+    # 2 runs: the lower curve is <= 0.5 from the start (0.025 ** (1 / 2) = 0.16), so no time
+    # bounds the median from below (it read 3, the first logged time: "at least 3")
+    assert sv.median_time(km)[1] == 0.0
+    # 6 runs censored at 6: 0.025 ** (1 / 6) = 0.54 > 0.5, no lower bound within the table
+    assert sv.median_time(sv.kaplan_meier([6] * 6, [False] * 6)) == (None, None, None)
+    # 4 runs censored at 6: 0.025 ** (1 / 4) = 0.40, the median could be at any time
+    assert sv.median_time(sv.kaplan_meier([6] * 4, [False] * 4)) == (None, 0.0, None)
     # 20 runs censored at the budget without the event (L^MS-7 at width 100): 0 of 20
     # reached it, at most 16.8% would (Clopper-Pearson), not [0, 0]
     r, lo, hi = sv.reached_by(sv.kaplan_meier([40000] * 20, [False] * 20), 40000)

@@ -1,0 +1,128 @@
+"""Runs that are not ``ok`` stay out of every number, and configs the verdict cannot
+compare are named: demo studies whose runs' statuses (and values) are edited by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from analysis import analyze as an
+from analysis.context import open_study
+from analysis.demo import write_demo_study
+from analysis.verdict import study_verdict
+
+POINTS = [{"train.lr": 0.1}, {"train.lr": 0.3}, {"train.lr": 1.0}]
+
+
+def edit(out: Path, table: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+    for f in (out / "tables" / table / f"study={name}").glob("*.parquet"):
+        t = pq.read_table(f, partitioning=None)
+        rows = t.to_pylist()
+        for r in rows:
+            change(r)
+        pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), f)
+
+
+def make(out: Path, name: str, n_seeds: int, statuses: dict[tuple[str, int], str]) -> None:
+    write_demo_study(out, name, n_seeds=n_seeds, points=POINTS, seed=3)
+
+    def status(r: dict[str, Any]) -> None:
+        r["status"] = statuses.get((r["trial_id"], r["seed"]), r["status"])
+
+    edit(out, "runs", name, status)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    o = tmp_path_factory.mktemp("excluded")
+    # lr=1 never learns (6 of 6); seed 0 of lr=0.1 diverged
+    make(o, "g3", 6, {**{("g3-t02", s): "not_learned" for s in range(6)}, ("g3-t00", 0): "diverged"})
+    # lr=1 has one ok run of 4
+    make(o, "one1", 4, {("one1-t02", s): "not_learned" for s in range(1, 4)})
+    return o
+
+
+def test_correlations_scatter_and_regressions_count_ok_runs_only(out: Path) -> None:
+    ctx = open_study(out, "g3")
+    try:
+        corr = dict(an.test_correlations(ctx))
+        assert set(corr) == {"lr=0.1", "lr=0.3"}  # lr=1 has no ok run: no matrix
+        n = corr["lr=0.1"].n.to_numpy()
+        assert (n[~(n == 0)] <= 5).all() and n.max() == 5  # seed 0 diverged: 5 runs per pair
+        sc = an.scatter_data(ctx, n_boot=50)
+        assert sc is not None
+        pairs = sc[0]
+        assert set(pairs["point"]) == {"lr=0.1", "lr=0.3"} and (pairs["trial_id"].eq("g3-t00") & pairs["seed"].eq(0)).sum() == 0
+        for reg in an.declared_regressions(ctx):
+            assert "lr=1" not in reg.fits
+            assert reg.pairs.loc[reg.pairs["point"] == "lr=0.1", "seed"].nunique() == 5
+    finally:
+        ctx.close()
+
+
+def test_a_config_without_ok_runs_is_named_not_dropped_silently(out: Path) -> None:
+    ctx = open_study(out, "g3")
+    try:
+        v = study_verdict(ctx, n_boot=50)
+    finally:
+        ctx.close()
+    assert v.design == "grid" and "(2 configs, at least 5 seeds each)" in v.sentence
+    assert v.sentence.endswith("Not compared, with fewer than 2 ok seeds: lr=1 (0 of 6 runs ok: 6 never learned).")
+
+
+def test_a_config_with_one_ok_run_no_longer_cancels_the_verdict(out: Path) -> None:
+    ctx = open_study(out, "one1")
+    try:
+        v = study_verdict(ctx, n_boot=50)
+    finally:
+        ctx.close()
+    assert v.design == "grid", v.sentence  # it was "No verdict: configs with fewer than 2 ok seeds"
+    assert "lr=1 (1 of 4 runs ok: 3 never learned)" in v.sentence
+
+
+def test_missing_values_do_not_count_as_seeds(tmp_path: Path) -> None:
+    write_demo_study(tmp_path, "nan", n_seeds=3, points=POINTS[:2], seed=5)
+    headline = "short"
+
+    def blank(r: dict[str, Any]) -> None:  # 2 of lr=0.1's 3 runs lack the headline value
+        if r["trial_id"] == "nan-t00" and r["seed"] in (0, 1) and r["split"] == headline:
+            r["value"] = None
+
+    edit(tmp_path, "evals", "nan", blank)
+    ctx = open_study(tmp_path, "nan")
+    try:
+        v = study_verdict(ctx, n_boot=50)
+    finally:
+        ctx.close()
+    assert v.splits[0] == headline
+    assert v.design == "single" and "fewer than 2 configs have 2 or more ok seeds" in v.sentence
+    assert "lr=0.1 (3 of 3 runs ok: fewer than 2 values of short)" in v.sentence
+
+
+def test_an_undefined_seed_count_is_blank_not_above_the_cap(out: Path) -> None:
+    text = an.analyze(out, "one1", n_boot=50)
+    block = text[text.index("How many seeds"):]
+    row = next(ln for ln in block.splitlines() if ln.startswith("lr=1 ") and " short " in ln)
+    assert ">100000" not in row  # one ok run: no sd, so no count (it read ">100000")
+
+
+def test_splits_without_variance_say_so_beside_the_headline(tmp_path: Path) -> None:
+    write_demo_study(tmp_path, "sat", n_seeds=5, points=POINTS[:2], seed=3)
+
+    def saturate(r: dict[str, Any]) -> None:  # every test accuracy 1.0
+        if r["metric"] == "accuracy" and r["role"] == "test":
+            r["value"] = 1.0
+
+    edit(tmp_path, "evals", "sat", saturate)
+    ctx = open_study(tmp_path, "sat")
+    try:
+        v = study_verdict(ctx, n_boot=50)
+    finally:
+        ctx.close()
+    others = v.sentence[v.sentence.index("Other splits: "):]
+    assert "0%" not in others and others.count("no variance") == len(v.splits) - 1, v.sentence
