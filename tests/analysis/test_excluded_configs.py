@@ -37,6 +37,14 @@ def make(out: Path, name: str, n_seeds: int, statuses: dict[tuple[str, int], str
     edit(out, "runs", name, status)
 
 
+def verdict_of(out: Path, name: str) -> Any:
+    ctx = open_study(out, name)
+    try:
+        return study_verdict(ctx, n_boot=50)
+    finally:
+        ctx.close()
+
+
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     o = tmp_path_factory.mktemp("excluded")
@@ -66,21 +74,13 @@ def test_correlations_scatter_and_regressions_count_ok_runs_only(out: Path) -> N
 
 
 def test_a_config_without_ok_runs_is_named_not_dropped_silently(out: Path) -> None:
-    ctx = open_study(out, "g3")
-    try:
-        v = study_verdict(ctx, n_boot=50)
-    finally:
-        ctx.close()
+    v = verdict_of(out, "g3")
     assert v.design == "grid" and "(2 configs, at least 5 seeds each)" in v.sentence
     assert v.sentence.endswith("Not compared, with fewer than 2 ok seeds: lr=1 (0 of 6 runs ok: 6 never learned).")
 
 
 def test_a_config_with_one_ok_run_no_longer_cancels_the_verdict(out: Path) -> None:
-    ctx = open_study(out, "one1")
-    try:
-        v = study_verdict(ctx, n_boot=50)
-    finally:
-        ctx.close()
+    v = verdict_of(out, "one1")
     assert v.design == "grid", v.sentence  # it was "No verdict: configs with fewer than 2 ok seeds"
     assert "lr=1 (1 of 4 runs ok: 3 never learned)" in v.sentence
 
@@ -94,11 +94,7 @@ def test_missing_values_do_not_count_as_seeds(tmp_path: Path) -> None:
             r["value"] = None
 
     edit(tmp_path, "evals", "nan", blank)
-    ctx = open_study(tmp_path, "nan")
-    try:
-        v = study_verdict(ctx, n_boot=50)
-    finally:
-        ctx.close()
+    v = verdict_of(tmp_path, "nan")
     assert v.splits[0] == headline
     assert v.design == "single" and "fewer than 2 configs have 2 or more ok seeds" in v.sentence
     assert "lr=0.1 (3 of 3 runs ok: fewer than 2 values of short)" in v.sentence
@@ -119,10 +115,6 @@ def test_splits_without_variance_say_so_beside_the_headline(tmp_path: Path) -> N
             r["value"] = 1.0
 
     edit(tmp_path, "evals", "sat", saturate)
-    ctx = open_study(tmp_path, "sat")
-    try:
-        v = study_verdict(ctx, n_boot=50)
-    finally:
-        ctx.close()
+    v = verdict_of(tmp_path, "sat")
     others = v.sentence[v.sentence.index("Other splits: "):]
     assert "0%" not in others and others.count("no variance") == len(v.splits) - 1, v.sentence
