@@ -153,7 +153,6 @@ def resume(
     import dataclasses
 
     from study import manifest
-    from study.config import parse
     from study.runner import recorded_study, run_study
 
     m = manifest.read(out, name)
@@ -171,8 +170,9 @@ def resume(
         from study.tuning import run_tuning
 
         raw = manifest.recorded_config(m)
-        cfg = dataclasses.replace(parse(raw, None, m.get("plugin_dir")), overrides=recorded)
-        run_tuning(cfg, name, out, trials, address, num_cpus)
+        cfg = dataclasses.replace(manifest.parse_recorded(m, raw, None), overrides=recorded)
+        counts = run_tuning(cfg, name, out, trials, address, num_cpus)
+        typer.echo(_tuning_summary(cfg, name, out, counts, address))
         return
     cfg, extra = recorded_study(out, name, m)
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
@@ -198,20 +198,29 @@ def tune(
 
     Re-running with the same --name resumes (finished candidates are kept). See docs/tuning.md.
     """
-    from analysis.db import run_sql
     from study.config import load
-    from study.tuning import ranking_sql, run_tuning, storage_url, tune_block
+    from study.tuning import run_tuning
 
     cfg = load(_config_file(config), None, overrides or ())
     study_name = _study_name(name, cfg.name)
     counts = run_tuning(cfg, study_name, out, trials, address, num_cpus)
+    typer.echo(_tuning_summary(cfg, study_name, out, counts, address))
+
+
+def _tuning_summary(cfg: Any, name: str, out: Path, counts: dict[str, int], address: str | None) -> str:
+    """What `study tune` and `study resume` print after a search: counts, the top
+    candidates (with the query that ranks them) and the command of the seed study."""
+    from analysis.db import run_sql
+    from study.tuning import ranking_sql, storage_url, tune_block
+
     block = tune_block(cfg)
-    query = ranking_sql(study_name, str(block.direction), list(block.space or {}))
-    typer.echo(
-        f"tuning study {study_name}: {counts['finished']}/{counts['requested']} candidates finished "
-        f"({counts['ran']} run now). Optuna storage: {storage_url(out, study_name)}\n"
+    query = ranking_sql(name, str(block.direction), list(block.space or {}))
+    at = f" --address {address}" if address else ""
+    return (
+        f"tuning study {name}: {counts['finished']}/{counts['requested']} candidates finished "
+        f"({counts['ran']} run now). Optuna storage: {storage_url(out, name)}\n"
         f"Top candidates (study sql --out {out} \"{query}\"):\n{run_sql(out, query)}\n"
-        f"Seed study of the best: study run --from-best {study_name} --out {out}"
+        f"Seed study of the best: study run --from-best {name} --out {out}{at}"
     )
 
 

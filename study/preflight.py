@@ -186,7 +186,7 @@ def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None)
     forever); with ``--address`` the address is checked (:func:`check_address`) and the
     cluster's resources are compared once connected (:func:`warn_cluster_resources`)."""
     ex = cfg.execution
-    if address:
+    if address is not None:  # an empty --address is refused, not taken for a local Ray
         check_address(address)
         return
     cpus = num_cpus or default_cpus()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -37,7 +38,7 @@ from study.preflight import (
     sync_auth_mode,
     warn_cluster_resources,
 )
-from trainables.errors import ConfigError, StudyIncomplete
+from trainables.errors import ConfigError, FinelineError, StudyIncomplete
 from trainables.plugins import shippable
 from trainables.results import committed
 
@@ -136,10 +137,15 @@ def ray_session(
             ) from None
         except ConnectionError as exc:
             if "InvalidAuthToken" in f"{exc} {exc.__cause__}":
+                if os.environ.get("RAY_AUTH_MODE") == "disabled":  # no token was sent at all
+                    raise ConfigError(
+                        "--address",
+                        f"the cluster at {address} requires an auth token, and this driver runs with "
+                        "RAY_AUTH_MODE=disabled",
+                        f"unset RAY_AUTH_MODE (fineline then uses token mode) and {token_fix}",
+                    ) from None
                 raise ConfigError(
-                    "--address",
-                    f"the cluster at {address} refused this driver's auth token",
-                    token_fix,
+                    "--address", f"the cluster at {address} refused this driver's auth token", token_fix
                 ) from None
             raise ConfigError("--address", f"no Ray cluster answers at {address}", DEAD_FIX) from None
     else:
@@ -393,7 +399,8 @@ def _run_locked(
             units, planned, already = plan_units(cfg, out, name, device, resources.get("CPU", 1))
             payloads = [unit_payload(u, cfg, out, name, device, meta) for u in units]
             console.print(
-                f"study {name}: Ray started ({resources.get('CPU', 0):g} CPUs, "
+                f"study {name}: {f'connected to Ray at {address}' if address else 'Ray started'} "
+                f"({resources.get('CPU', 0):g} CPUs, "
                 f"{resources.get('GPU', 0):g} GPUs); {planned} runs planned, {already} already "
                 f"committed; {planned - already} to run in {len(payloads)} bundle(s) (Ray trials)",
                 soft_wrap=True, highlight=False,
@@ -535,10 +542,29 @@ def launch(
     # callback saw every failure.
     failed = [payloads[i] for i in sorted(set(callback.failed_units))]
     for error in results.errors:
-        console.print(f"[red]unit failed:[/red] {type(error).__name__}: {str(error)[-2000:]}")
+        console.print(f"[red]unit failed:[/red] {failure_text(error)}", soft_wrap=True, highlight=False)
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
+
+
+def failure_text(error: BaseException) -> str:
+    """A trial's error as the driver prints it: fineline's own error (a FinelineError raised
+    in the worker, e.g. a node without the results folder) as its one line with its fix,
+    unwrapped from Ray's RayTaskError / Tune's wrappers; anything else as the exception's
+    type and the end of its text (the traceback is in Ray's log above)."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
+        if isinstance(inner, BaseException):
+            cause = inner
+            continue
+        if isinstance(cause, FinelineError):
+            return str(cause)
+        cause = cause.__cause__
+    return f"{type(error).__name__}: {str(error)[-2000:]}"
 
 
 def _point_label(point_json: str) -> str:

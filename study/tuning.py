@@ -50,6 +50,7 @@ from study.runner import (
     StudyFailed,
     check_before_ray,
     console,
+    failure_text,
     fit,
     ray_session,
     resolve_device,
@@ -521,7 +522,7 @@ def _tune_locked(
             stops = StopSignals()
             stops.received = signal.SIGINT
     for err in errors:
-        console.print(f"[red]candidate failed:[/red] {type(err).__name__}: {str(err)[-2000:]}")
+        console.print(f"[red]candidate failed:[/red] {failure_text(err)}", soft_wrap=True, highlight=False)
     done = finished_count(optuna.load_study(study_name=name, storage=storage))
     interrupted = stops is not None and stops.received is not None
     if errors or done < n_trials or interrupted:

@@ -182,8 +182,10 @@ def bundle_search_class() -> type:
                 self._study.tell(n, state=optuna.trial.TrialState.PRUNED)
                 self._settled.add(n)
                 self.done += 1
+                live = [m for m in numbers if m not in self._settled]
+                goes_on = f"its bundle goes on with {len(live)}" if live else "its bundle stops: none left"
                 _say(f"candidate {self.done}/{self.total}: {_params_text(params)} -> pruned at "
-                     f"{result.get('at', step)} (objective {value:.4g}; its bundle goes on)")
+                     f"{result.get('at', step)} (objective {value:.4g}; {goes_on})")
             pruned = self._pruned.setdefault(trial_id, [])
             pruned.extend(newly)
             write_pruned(self._template["out"], self._template["study"], unit_id, pruned)

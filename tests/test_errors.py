@@ -41,3 +41,20 @@ def test_every_error_pickles_with_its_message_and_fields(cls: type[FinelineError
 def test_the_hierarchy_is_all_here() -> None:
     names = {c.__name__ for c in subclasses(FinelineError)}
     assert {"ConfigError", "DataError", "StudyStateError", "StudyIncomplete", "StudyLocked", "PluginError"} <= names
+
+
+def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
+    """What the driver prints for a failed trial (study.runner.failure_text): Ray wraps the
+    worker's exception in a RayTaskError whose text holds the worker's traceback."""
+    from ray.exceptions import RayTaskError
+
+    from study.runner import failure_text
+    from trainables.errors import DataError
+
+    cause = DataError("study folder /r/s is missing on node vm. Fix: mount the same shared filesystem")
+    wrapped = RayTaskError("train", "Traceback (most recent call last):\n  File ...", cause)
+    assert failure_text(wrapped) == str(cause)
+    assert failure_text(wrapped.as_instanceof_cause()) == str(cause)
+    tb = 'Traceback (most recent call last):\n  File "m.py", line 3\nValueError: shapes (3,) and (4,) differ'
+    other = RayTaskError("train", tb, ValueError("shapes (3,) and (4,) differ"))  # not ours: its text
+    assert failure_text(other).startswith("RayTaskError") and "shapes (3,) and (4,) differ" in failure_text(other)

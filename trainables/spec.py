@@ -320,6 +320,8 @@ def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) 
         fix = "write a number or a name (true / false are not numbers)"
     elif kind in ("dict_type", "model_type", "model_attributes_type"):
         fix = "write a block of `field: value` lines there (see configs/quickstart.yaml)"
+    elif kind in ("tuple_type", "list_type", "set_type") and not isinstance(got, (list, tuple)):
+        fix = f"write a list, e.g. [{got}]" if isinstance(got, (str, int, float)) else "write a list, e.g. [a, b]"
     if "ctx" in err and "expected" in err["ctx"]:
         fix = f"use one of {err['ctx']['expected']}"
     alternatives = [e for e in errors if _field_loc(e["loc"]) == _field_loc(err["loc"])]

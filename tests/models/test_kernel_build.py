@@ -254,6 +254,18 @@ def test_a_bad_setting_is_one_clear_error(name: str, value: str, says: str, monk
         ckernels.forwarded_env()
 
 
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_flags_the_compiler_refuses_are_refused_before_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker would warn and run torch ops (exit 0); the driver compiles an empty file with
+    the flags first. -march=native is left out of that check: a build retries without it."""
+    monkeypatch.setenv(CFLAGS_VAR, "-O2 --no-such-flag-here")
+    with pytest.raises(ConfigError) as info:
+        ckernels.forwarded_env()
+    assert info.value.field == CFLAGS_VAR and "--no-such-flag-here" in str(info.value)
+    monkeypatch.setenv(CFLAGS_VAR, "-O2 -march=native -fno-math-errno")
+    assert ckernels.forwarded_env()[CFLAGS_VAR] == "-O2 -march=native -fno-math-errno"
+
+
 def test_a_bad_setting_stops_study_run_before_ray_and_before_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -271,6 +271,8 @@ def test_rerun_when_finished_starts_nothing_and_changed_search_is_refused(
     res = cli("tune", str(cfg), "--out", str(out), "--num-cpus", "2")
     assert "6/6 already finished" in res.stderr
     assert len(load_study(out).get_trials(deepcopy=False)) == before
+    res = cli("resume", NAME, "--out", str(out), "--num-cpus", "2")  # says what `study tune` says
+    assert "6/6 candidates finished" in res.stdout and f"study run --from-best {NAME} --out {out}" in res.stdout
     changed = tmp_path / "changed.yaml"
     space = {**TUNE["space"], "train.lr": {"low": 0.05, "high": 1.0, "log": True}}
     changed.write_text(yaml.safe_dump({**CONFIG, "tune": {**TUNE, "space": space}}))

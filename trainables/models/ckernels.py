@@ -168,10 +168,32 @@ def build_config() -> BuildConfig:
 
 def forwarded_env() -> dict[str, str]:
     """The variables of :data:`FORWARDED` set in this (the driver's) environment, for every
-    Ray worker's ``runtime_env``; checked first (:func:`build_config`), so a bad value is
-    refused before Ray starts."""
-    build_config()
+    Ray worker's ``runtime_env``; checked first (:func:`build_config`, and a set
+    ``FINELINE_CFLAGS`` by :func:`check_cflags`), so a bad value is refused before Ray starts."""
+    cfg = build_config()
+    if cfg.enabled and CFLAGS_VAR in os.environ:
+        check_cflags(cfg)
     return {name: os.environ[name] for name in FORWARDED if name in os.environ}
+
+
+def check_cflags(cfg: BuildConfig) -> None:
+    """Compile an empty file with ``cfg``'s flags (less :data:`NATIVE_FLAGS`, which a build
+    retries without): a flag the compiler refuses is a ConfigError naming
+    ``FINELINE_CFLAGS``, where each worker would otherwise warn and run torch ops. Skipped
+    where this machine has no compiler (a driver outside the cluster)."""
+    compiler = shutil.which(cfg.compiler) or shutil.which("gcc")
+    if compiler is None:
+        return
+    flags = [f for f in cfg.flags if f not in NATIVE_FLAGS]
+    try:
+        done = subprocess.run([compiler, *flags, "-x", "c", "-c", "-o", os.devnull, "-"], input="",
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return
+    if done.returncode != 0:
+        why = next((ln.strip() for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
+        raise ConfigError(CFLAGS_VAR, f"{compiler} refuses these flags ({why})",
+                          f"fix or unset {CFLAGS_VAR} (the default is {' '.join(DEFAULT_FLAGS)})")
 
 
 def _sources() -> list[str]:
