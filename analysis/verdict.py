@@ -497,7 +497,10 @@ def seed_spread_sentence(
         f"[{m.low:.4g}, {m.high:.4g}] (95% bootstrap)."
     )
     if a.size < iv.MIN_SEEDS:
-        s += f" (Fewer than {iv.MIN_SEEDS} seeds: indicative only.)"
+        s += f" (Fewer than {iv.MIN_SEEDS} seeds: indicative only"
+        if a.size < 6:  # an interval inside the range of n values covers the mean <= 1 - 2 / 2^n
+            s += f"; an interval inside the range of {a.size} seeds covers at most {1 - 2 * 0.5**a.size:.0%}"
+        s += ".)"
     return s
 
 

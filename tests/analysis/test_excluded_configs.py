@@ -118,3 +118,14 @@ def test_splits_without_variance_say_so_beside_the_headline(tmp_path: Path) -> N
     v = verdict_of(tmp_path, "sat")
     others = v.sentence[v.sentence.index("Other splits: "):]
     assert "0%" not in others and others.count("no variance") == len(v.splits) - 1, v.sentence
+
+
+def test_the_one_config_sentence_says_how_little_few_seeds_cover() -> None:
+    import pandas as pd
+
+    from analysis.verdict import seed_spread_sentence
+
+    three = seed_spread_sentence(pd.Series([0.7, 0.8, 0.95]), "accuracy", "test", n_boot=200)
+    assert "an interval inside the range of 3 seeds covers at most 75%" in three  # 1 - 2 / 2^3
+    eight = seed_spread_sentence(pd.Series([0.7, 0.8, 0.95, 0.9, 0.85, 0.6, 0.75, 0.8]), "accuracy", "test", n_boot=200)
+    assert "covers at most" not in eight and "indicative only" in eight
