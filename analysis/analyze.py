@@ -380,10 +380,17 @@ def analyze(
     for p, m in mats:
         title = f"Correlation across seeds of test-split {ctx.primary} (Pearson r)"
         parts += ["", title + (f" - point {p}" if ctx.multi else ""), _matrix_text(m)]
+    pooled_note = (f"({POOLED!r}: the runs of every config fit together (more than {MAX_POINT_FITS} "
+                   "configs, or one with under 3 runs), so r also holds the differences between "
+                   "configs, not only the seeds')")
     if not scatter_rows.empty:
         parts += ["", "Seed scatter correlation (95% bootstrap interval)", text_table(scatter_rows)]
+        if ctx.multi and (scatter_rows["point"] == POOLED).any():
+            parts.append(pooled_note)
     if not reg_rows.empty:
         parts += ["", "Regressions declared by the task", text_table(reg_rows)]
+        if ctx.multi and (reg_rows["point"] == POOLED).any():
+            parts.append(pooled_note)
         if (reg_rows["over"] == "checkpoints").any():
             parts.append("(over checkpoints, n counts (run, checkpoint) pairs: p treats them as "
                          "independent, so it is smaller than the runs behind it support; warn "

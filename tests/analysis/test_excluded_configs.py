@@ -129,3 +129,13 @@ def test_the_one_config_sentence_says_how_little_few_seeds_cover() -> None:
     assert "an interval inside the range of 3 seeds covers at most 75%" in three  # 1 - 2 / 2^3
     eight = seed_spread_sentence(pd.Series([0.7, 0.8, 0.95, 0.9, 0.85, 0.6, 0.75, 0.8]), "accuracy", "test", n_boot=200)
     assert "covers at most" not in eight and "indicative only" in eight
+
+
+def test_a_scatter_pooled_over_configs_says_so(tmp_path: Path) -> None:
+    write_demo_study(tmp_path, "g5", n_seeds=4, points=[{"train.lr": v} for v in (0.1, 0.2, 0.3, 0.4, 0.5)], seed=2)
+    text = an.analyze(tmp_path, "g5", n_boot=50)
+    scatter = text[text.index("Seed scatter correlation"):text.index("Regressions declared")]
+    assert "all runs " in scatter and "r also holds the differences between configs" in scatter
+    write_demo_study(tmp_path, "g2", n_seeds=4, points=POINTS[:2], seed=2)  # fitted per config
+    text = an.analyze(tmp_path, "g2", n_boot=50)
+    assert "r also holds the differences between configs" not in text
