@@ -323,6 +323,17 @@ def prediction_tables(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[st
     return out
 
 
+PAIR_SHARE = 0.8
+"""Two configs' runs are drawn as seed pairs when the seeds both ran (same indices and seed
+values) are at least this share of each config's runs, and at least 2."""
+
+
+def _pairable(shared: int, n_a: int, n_b: int) -> bool:
+    """Whether ``shared`` seeds common to configs of ``n_a`` and ``n_b`` ok runs pair them
+    (:data:`PAIR_SHARE`): pairing drops the runs without a partner, worth it for a few."""
+    return shared >= 2 and shared >= PAIR_SHARE * max(n_a, n_b)
+
+
 def _positions(keys: tuple[int, ...], wanted: Sequence[int]) -> list[int]:
     """Where each of ``wanted`` sits in ``keys`` (a dict: ``keys.index`` per item is
     quadratic, and test splits have thousands of examples)."""
@@ -389,25 +400,24 @@ def study_multiboot(
         else:
             pairs = [(here[0], o) for o in here[1:]]
         for (pa, ta), (pb, tb) in pairs:
-            same_seeds = ta.seeds == tb.seeds and all(
-                seeds[pa].get(s) == seeds[pb].get(s) for s in ta.seeds
-            )
+            in_b = set(tb.seeds)
+            shared = [s for s in ta.seeds if s in in_b and seeds[pa].get(s) == seeds[pb].get(s)]
+            same_seeds = _pairable(len(shared), len(ta.seeds), len(tb.seeds))
+            xa, xb = ta.x, tb.x
+            if same_seeds and len(shared) < max(len(ta.seeds), len(tb.seeds)):
+                # a run left out (diverged, not learned) leaves its partner without one
+                xa, xb = ta.x[_positions(ta.seeds, shared)], tb.x[_positions(tb.seeds, shared)]
+                note = (f"Multi-Bootstrap pairs {pa} and {pb} on the {len(shared)} seeds both ran ok; "
+                        "runs without a partner are left out of those rows")
+                if note not in ctx.notes:
+                    ctx.notes.append(note)
             common = sorted(set(ta.examples) & set(tb.examples))
             same_data = {v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
             if same_data and common:
                 ia, ib = _positions(ta.examples, common), _positions(tb.examples, common)
-                add(
-                    "configs",
-                    split,
-                    (pa, split),
-                    (pb, split),
-                    same_seeds,
-                    True,
-                    ta.x[:, ia],
-                    tb.x[:, ib],
-                )
+                add("configs", split, (pa, split), (pb, split), same_seeds, True, xa[:, ia], xb[:, ib])
             else:
-                add("configs", split, (pa, split), (pb, split), same_seeds, False, ta.x, tb.x)
+                add("configs", split, (pa, split), (pb, split), same_seeds, False, xa, xb)
     for point in dict.fromkeys(p for p, _ in tables):
         mine = [(s, tables[(point, s)]) for s in ctx.test_splits if (point, s) in tables]
         for i in range(len(mine)):

@@ -139,3 +139,22 @@ def test_a_scatter_pooled_over_configs_says_so(tmp_path: Path) -> None:
     write_demo_study(tmp_path, "g2", n_seeds=4, points=POINTS[:2], seed=2)  # fitted per config
     text = an.analyze(tmp_path, "g2", n_boot=50)
     assert "r also holds the differences between configs" not in text
+
+
+def test_a_left_out_seed_keeps_the_multi_bootstrap_paired_on_the_rest(out: Path) -> None:
+    """lr=0.1 lost seed 0 (diverged): 5 of lr=0.3's 6 seeds still have a partner (>= 80%)."""
+    import json
+
+    doc = json.loads(an.analyze(out, "g3", "json", n_boot=50))
+    mb = doc["multi_bootstrap"]
+    rows = [r for r in (mb["rows"] if isinstance(mb, dict) else mb) if r["kind"] == "configs"]
+    assert rows and all(r["paired_seeds"] and r["seeds_a"] == r["seeds_b"] == 5 for r in rows)
+    assert any("pairs lr=0.3 and lr=0.1 on the 5 seeds both ran ok" in n for n in doc["notes"])
+
+
+def test_seed_pairing_needs_most_runs_to_have_a_partner() -> None:
+    from analysis.seed_questions import _pairable
+
+    assert _pairable(5, 5, 6) and _pairable(10, 10, 10)
+    assert not _pairable(10, 10, 50)  # pairing would drop 40 runs
+    assert not _pairable(1, 1, 1)
