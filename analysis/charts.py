@@ -491,10 +491,15 @@ def histogram(
         lo, hi = min(lo, float(baseline["value"].min())), max(hi, float(baseline["value"].max()))
     if not hi > lo:
         lo, hi = lo - 0.5, hi + 0.5
-    scale = alt.Scale(domain=[lo, hi], zero=False, nice=False)
-    binning = alt.Bin(maxbins=bins, extent=[lo, hi])
-    x = alt.X("value:Q", bin=binning, scale=scale, title=f"{split} {metric}")
-    bar_enc: dict[str, Any] = {"x": x, "y": alt.Y("count():Q", title="runs")}
+    # Bins of exactly (hi - lo) / bins from lo, the scale one bin past hi (bins are half-open,
+    # so the largest value has one of its own): Vega's rounded edges ran past a fixed scale
+    # and drew bars over the axis.
+    step = (hi - lo) / bins
+    scale = alt.Scale(domain=[lo, hi + step], zero=False, nice=False)
+    binning = alt.Bin(extent=[lo, hi + step], step=step, nice=False)
+    x = alt.X("value:Q", bin=binning, scale=scale, title=f"{split} {metric}",
+              axis=alt.Axis(format=".3~g", labelOverlap="greedy"))
+    bar_enc: dict[str, Any] = {"x": x, "y": alt.Y("count():Q", title="runs", axis=alt.Axis(tickMinStep=1))}
     if multi:
         bar_enc["color"] = alt.Color("point:N", title="grid point")
     bars = alt.Chart(store.add(df)).mark_bar(opacity=0.8).encode(**bar_enc)
@@ -742,16 +747,25 @@ def performance_profile_chart(
     )
 
 
+HEADER_CHARS = 150
+"""Characters per line of an exported header (12 px text); longer lines wrap, never cut."""
+
+
 def header_chart(lines: Sequence[str], *, width: int = 700) -> TopChart:
-    """The report's header as text marks, placed above the charts in PNG/SVG/PDF exports."""
-    df = pd.DataFrame({"i": range(len(lines)), "text": list(lines)})
+    """The report's header as text marks, placed above the charts in PNG/SVG/PDF exports.
+    Each line wraps at :data:`HEADER_CHARS` (continuations indented): a verdict sentence
+    was cut at the mark's width limit, losing its caveats."""
+    import textwrap
+
+    wrapped = [part for line in lines for part in textwrap.wrap(line, HEADER_CHARS, subsequent_indent="    ") or [""]]
+    df = pd.DataFrame({"i": range(len(wrapped)), "text": wrapped})
     return (
         alt.Chart(alt.InlineData(values=df.to_dict(orient="records")))
-        .mark_text(align="left", baseline="top", fontSize=12, limit=width * 2)
+        .mark_text(align="left", baseline="top", fontSize=12)
         .encode(
             x=alt.value(0),
             y=alt.Y("i:O", axis=None),
             text="text:N",
         )
-        .properties(width=width, height=16 * len(lines))
+        .properties(width=width, height=16 * len(wrapped))
     )

@@ -27,15 +27,20 @@ from analysis.context import StudyContext
 Panels = list[tuple[str, Any, bool]]
 
 
-def _steps(curves: pd.DataFrame) -> pd.DataFrame:
-    """Per point, the KM table with a leading row at time 0 (nothing reached yet)."""
+def _steps(curves: pd.DataFrame, end: float) -> pd.DataFrame:
+    """Per point, the KM table with a leading row at time 0 (nothing reached yet) and, where
+    it ends before ``end`` (the budget), a trailing copy of its last row there: a step-after
+    line and band are drawn up to the next row, so the last step (often the only one) had
+    no width and its band did not show."""
     parts = []
     for p, sub in curves.groupby("point", sort=False):
         start = pd.DataFrame({"point": [p], "time": [0.0], "reached": [0.0], "r_low": [0.0],
                               "r_high": [0.0], "at_risk": [sub["at_risk"].iloc[0]],
                               "events": [0], "censored": [0]})  # fmt: skip
-        body = sub.assign(r_low=1 - sub["high"], r_high=1 - sub["low"])
-        parts += [start, body[list(start.columns)]]
+        body = sub.assign(r_low=1 - sub["high"], r_high=1 - sub["low"])[list(start.columns)]
+        parts += [start, body]
+        if float(body["time"].iloc[-1]) < end:
+            parts.append(body.tail(1).assign(time=float(end), events=0, censored=0))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -49,7 +54,7 @@ def km_chart(
     (``val accuracy >= 0.5``); ``unit``: ``epoch`` or ``step``; ``budget``: the largest
     budget, drawn as a dashed rule.
     """
-    df = _steps(curves)
+    df = _steps(curves, budget)
     color = alt.Color("point:N", title="grid point")
     x = alt.X("time:Q", title=unit, scale=alt.Scale(domainMin=0))
     tip = [alt.Tooltip("point:N"), alt.Tooltip("time:Q", title=unit),
@@ -79,7 +84,8 @@ def km_chart(
         subtitle=[f"share of runs that reached it by each {unit}, 95% log-log band; ticks: "
                   "censored runs; dashed: the budget; diverged runs left out"],
     )  # fmt: skip
-    return alt.layer(band, line, ticks, rule).properties(width=300, height=220, title=title)
+    layers = [band, line, *([ticks] if (df["censored"] > 0).any() else []), rule]  # an empty layer: Vega warns
+    return alt.layer(*layers).properties(width=300, height=220, title=title)
 
 
 def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopChart:

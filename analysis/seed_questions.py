@@ -274,7 +274,7 @@ def study_seed_counts(
             )
         if len(weak) > 3:
             out.warnings.append(
-                f"underpowered: {len(weak) - 3} more comparisons (see the power table)"
+                f"underpowered: {len(weak) - 3} more comparisons (see the power table of `study analyze`)"
             )
     return out
 

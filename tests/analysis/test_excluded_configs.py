@@ -158,3 +158,52 @@ def test_seed_pairing_needs_most_runs_to_have_a_partner() -> None:
     assert _pairable(5, 5, 6) and _pairable(10, 10, 10)
     assert not _pairable(10, 10, 50)  # pairing would drop 40 runs
     assert not _pairable(1, 1, 1)
+
+
+def test_an_exported_header_wraps_the_verdict_instead_of_cutting_it() -> None:
+    from analysis.charts import HEADER_CHARS, header_chart
+
+    sentence = "verdict: " + " ".join(f"clause{i} says something" for i in range(40)) + " (indicative only.)"
+    chart = header_chart(["fineline study report: g", sentence])
+    texts = [row["text"] for row in chart.data.values]  # type: ignore[union-attr]
+    assert len(texts) > 2 and all(len(t) <= HEADER_CHARS for t in texts)
+    assert " ".join(t.strip() for t in texts[1:]) == sentence  # every word drawn, in order
+    assert chart.to_dict()["mark"].get("limit") is None  # no ellipsis at a width limit
+
+
+def test_histogram_bins_stay_inside_the_axis() -> None:
+    """Bins of exactly (max - min) / bins from the smallest value, and the scale one bin past
+    the largest: Vega's default nice edges (13 to 29 for values 13.77..28.9) drew bars
+    outside the fixed scale, over the axis labels."""
+    import pandas as pd
+
+    from analysis.charts import ChartData, histogram
+
+    values = pd.DataFrame({"trial_id": "t", "point": "p", "seed": range(6),
+                           "value": [13.77, 13.9, 20.1, 21.3, 24.0, 28.9]})
+    spec = histogram(ChartData(), values, "very_long", "fpf", multi=False, bins=10).to_dict()
+    x = spec["vconcat"][0]["layer"][0]["encoding"]["x"]
+    step = (28.9 - 13.77) / 10
+    assert x["bin"]["nice"] is False and x["bin"]["step"] == pytest.approx(step)
+    assert x["bin"]["extent"][0] == pytest.approx(13.77)
+    assert x["scale"]["domain"] == pytest.approx([13.77, 28.9 + step])  # the last bin's end
+
+
+def test_a_kaplan_meier_step_reaches_the_budget_so_its_band_shows() -> None:
+    """Two runs that both reached the event at step 100 of a 300-step budget: the curve's
+    last (only) step had no width, so its 95% band was never drawn."""
+    import pandas as pd
+
+    from analysis import survival as sv
+    from analysis.charts import ChartData
+    from analysis.seed_charts import _steps, km_chart
+
+    km = sv.kaplan_meier([100, 100], [True, True])
+    curves = km.assign(point="p", reached=1 - km["survival"])
+    steps = _steps(curves, 300.0)
+    assert steps["time"].tolist() == [0.0, 100.0, 300.0]
+    last = steps.iloc[-1]
+    assert (last["reached"], last["events"], last["censored"]) == (1.0, 0, 0) and last["r_low"] < 1.0
+    layers = km_chart(ChartData(), curves, "groks", "step", 300.0).to_dict()["layer"]
+    assert len(layers) == 3  # band, line, budget: no empty layer of censored ticks
+    assert pd.Series([m["mark"]["type"] for m in layers]).tolist() == ["area", "line", "rule"]
