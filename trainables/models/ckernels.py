@@ -176,11 +176,13 @@ def forwarded_env() -> dict[str, str]:
     return {name: os.environ[name] for name in FORWARDED if name in os.environ}
 
 
+@functools.cache
 def check_cflags(cfg: BuildConfig) -> None:
     """Compile an empty file with ``cfg``'s flags (less :data:`NATIVE_FLAGS`, which a build
     retries without): a flag the compiler refuses is a ConfigError naming
     ``FINELINE_CFLAGS``, where each worker would otherwise warn and run torch ops. Skipped
-    where this machine has no compiler (a driver outside the cluster)."""
+    where this machine has no compiler (a driver outside the cluster). Once per setting and
+    process: a study start reads :func:`forwarded_env` twice (its checks, the workers' env)."""
     compiler = shutil.which(cfg.compiler) or shutil.which("gcc")
     if compiler is None:
         return
