@@ -263,9 +263,13 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     One row per config (grid point; trial_id is its hash): seeds planned, done (committed),
     ok, diverged, not_learned and pending."""
     from analysis.formatting import format_rows
+    from analysis.manifest import point_label
     from study.status import study_status
 
-    typer.echo(format_rows(study_status(out, name), fmt))
+    rows = study_status(out, name)
+    if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
+        rows = [{**r, "point": point_label(r["point"])} for r in rows]
+    typer.echo(format_rows(rows, fmt))
 
 
 @app.command()

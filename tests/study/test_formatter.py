@@ -108,6 +108,11 @@ def test_status_csv_keeps_a_grid_point_whole(out: Path, capsys: pytest.CaptureFi
     assert all((r["planned"], r["done"], r["pending"]) == ("2", "2", "0") for r in rows)
     rc, text, _ = cli(["status", "grid", "--out", str(out), "--format", "json"], capsys)
     assert [r["done"] for r in json.loads(text)] == [2, 2]
+    # the table names a point the way `study analyze` does, not as JSON
+    rc, text, _ = cli(["status", "grid", "--out", str(out)], capsys)
+    body = text.splitlines()[2:4]
+    assert rc == 0 and all(line.startswith("long_lengths=[5, 6], lr=0.") for line in body)
+    assert ["lr=0.01 " in line for line in body] == [True, False] and "{" not in text
 
 
 def test_ls_counts_runs_of_a_tuning_study_consistently(out: Path, capsys: pytest.CaptureFixture[str]) -> None:
