@@ -377,7 +377,9 @@ def _curve_panel(
 ) -> TopChart:
     """Bands (``low``-``high``), mean lines and selectable per-seed lines of one curve panel."""
     cols = [c for c in ("point", "split", "step", "mean", "low", "high", "count") if c in agg]
-    base = alt.Chart(store.add(agg[cols])).encode(x=alt.X("step:Q", title=unit), color=color)
+    # steps and epochs are whole numbers: no 1.5-epoch ticks
+    x = alt.X("step:Q", title=unit, axis=alt.Axis(tickMinStep=1, format=",d"))
+    base = alt.Chart(store.add(agg[cols])).encode(x=x, color=color)
     band = base.mark_area(opacity=0.18).encode(y=alt.Y("low:Q", title=metric), y2="high:Q")
     tooltip: list[Any] = [
         alt.Tooltip("point:N", title="point"),
@@ -398,7 +400,7 @@ def _curve_panel(
             alt.Chart(store.add(s))
             .mark_line(strokeWidth=1.5)
             .encode(
-                x=alt.X("step:Q", title=unit),
+                x=x,
                 y="value:Q",
                 color=color,
                 detail=["trial_id:N", "seed:N"],
@@ -430,8 +432,11 @@ def learning_curves(
     metric's definition, shown under the title.
 
     One grid point: one panel, one band per split. Several grid points: one panel per
-    split (``per_row`` to a row) with one band per point on a shared y axis, so points
-    (e.g. ``task.setting`` A and B) are compared at each step on the same axes.
+    split (``per_row`` to a row) with one band per point, so points (e.g. ``task.setting``
+    A and B) are compared at each step on the same axes. The panels share one y axis when
+    every value lies in [0, 1] (a rate such as accuracy, read against 0-1 everywhere);
+    otherwise (a loss) each split gets its own, so a split whose values are 10x smaller
+    is not drawn flat. Legend swatches are the mean lines, not the pale bands.
 
     ``agg``: columns point, split, step (the x value, in ``unit``), mean, low, high, and
     optionally count (seeds at that step); one row per (point, split, step). ``per_seed`` (optional): columns
@@ -439,14 +444,18 @@ def learning_curves(
     seed is selected.
     """
     points = sorted(set(agg["point"]))
+    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=2.5)
     if len(points) == 1:
-        color = alt.Color("split:N", sort=list(splits), title="split")
+        color = alt.Color("split:N", sort=list(splits), title="split", legend=legend)
         sub = wrapped(definition, CURVE_WIDTH) if definition else []
         title = alt.TitleParams(
             f"{metric} learning curves: mean and {band} over seeds", subtitle=sub
         )
         return _curve_panel(store, agg, per_seed, metric, color, title, unit)
-    color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point")
+    color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point", legend=legend)
+    values = agg[["low", "high", "mean"]].to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    y = "shared" if values.size and values.min() >= 0 and values.max() <= 1 else "independent"
     shown = [s for s in splits if s in set(agg["split"])]
     shown += sorted(set(agg["split"]) - set(shown))
     panels: list[Any] = []
@@ -461,12 +470,12 @@ def learning_curves(
         )
     with merging_selections():
         rows = [
-            alt.hconcat(*panels[i : i + per_row]).resolve_scale(y="shared", color="shared")
+            alt.hconcat(*panels[i : i + per_row]).resolve_scale(y=y, color="shared")
             for i in range(0, len(panels), per_row)
         ]
         if len(rows) == 1:
             return rows[0]
-        return alt.vconcat(*rows).resolve_scale(y="shared", color="shared")
+        return alt.vconcat(*rows).resolve_scale(y=y, color="shared")
 
 
 def histogram(
@@ -735,7 +744,8 @@ def performance_profile_chart(
         alt.Chart(store.add(profile))
         .mark_line(interpolate="step-after" if higher_is_better else "step-before")
         .encode(
-            x=alt.X("tau:Q", title=f"{split} {metric} threshold tau", scale=alt.Scale(zero=False)),
+            x=alt.X("tau:Q", title=f"{split} {metric} threshold tau", scale=alt.Scale(zero=False),
+                    axis=alt.Axis(tickCount=6)),  # 300 px: ten ticks' labels run together
             y=alt.Y("fraction:Q", title=f"fraction of runs {word} tau", scale=alt.Scale(domain=[0, 1])),
             color=alt.Color("point:N", title="grid point"),
             tooltip=[alt.Tooltip("point:N"), alt.Tooltip("tau:Q", format=".4g"),

@@ -95,11 +95,15 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     half_width_now, half_width, ...). A dashed rule marks the target half-width, a dot
     each (point, split)'s present seeds and half-width.
     """
+    # the curves run past the most seeds any split needs, so each one crosses the target
+    needed = pd.to_numeric(table["seeds_needed"], errors="coerce")
+    needed = needed[np.isfinite(needed)]
+    top = int(min(sc.MAX_SEEDS, max(100, 2 * needed.max()))) if len(needed) else None
     rows = []
     for r in table.itertuples(index=False):
         if not np.isfinite(r.sd):
             continue
-        c = sc.curve_points(r.sd, int(r.n)).assign(
+        c = sc.curve_points(r.sd, int(r.n), top=max(100, 4 * int(r.n), top or 0)).assign(
             group=f"{r.point}: {r.split}" if table["point"].nunique() > 1 else r.split
         )
         rows.append(c)
@@ -111,7 +115,7 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     now = table.assign(group=[f"{p}: {s}" if table["point"].nunique() > 1 else s
                               for p, s in zip(table["point"], table["split"], strict=True)])  # fmt: skip
     color = alt.Color("group:N", title="split")
-    x = alt.X("n:Q", title="seeds", scale=alt.Scale(type="log"))
+    x = seeds_axis("seeds", float(curves["n"].max()) if len(curves) else 100)
     lines = alt.Chart(store.add(curves)).mark_line().encode(
         x=x, y=alt.Y("half_width:Q", title=f"95% half-width of mean {metric}", scale=alt.Scale(type="log")),
         color=color, tooltip=["group:N", "n:Q", alt.Tooltip("half_width:Q", format=".4f")],
@@ -135,6 +139,15 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     return alt.layer(lines, dots, rule).properties(width=300, height=220, title=title)
 
 
+def seeds_axis(title: str, top: float) -> alt.X:
+    """A log x axis of seed counts from 1 to ``top`` with round ticks (1, 2, 5, 10, ...;
+    decades only past 1,000), so the labels do not run into each other."""
+    steps = (1, 2, 5) if top <= 1000 else (1,)
+    ticks = [m * 10**k for k in range(int(np.ceil(np.log10(max(top, 10)))) + 1) for m in steps]
+    return alt.X("n:Q", title=title, scale=alt.Scale(type="log", domain=[1, top], nice=False),
+                 axis=alt.Axis(values=[t for t in ticks if t <= top], format=",d"))  # fmt: skip
+
+
 def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6) -> TopChart:
     """Power against seeds per config for each comparison (the ``top`` least powered).
 
@@ -155,7 +168,7 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
         alt.Chart(store.add(df))
         .mark_line()
         .encode(
-            x=alt.X("n:Q", title="seeds per config", scale=alt.Scale(type="log")),
+            x=seeds_axis("seeds per config", float(df["n"].max()) if len(df) else 100),
             y=alt.Y("power:Q", title="power", scale=alt.Scale(domain=[0, 1])),
             color=alt.Color("comparison:N"),
             tooltip=["comparison:N", "n:Q", alt.Tooltip("power:Q", format=".2f")],

@@ -221,6 +221,26 @@ def test_learning_curves_compare_settings_per_split(out: Path, report: Report) -
         assert (got["high"] <= expected["max"] + 1e-12).all()
         assert len(got) == 2 * 5  # two settings x five logged steps
     assert spec["resolve"]["scale"]["y"] == "shared"
+    # whole-number steps on x; legend swatches drawn as the mean lines, not the pale bands
+    line = next(layer for layer in panels[0]["layer"] if layer["mark"]["type"] == "line")
+    assert line["encoding"]["x"]["axis"] == {"format": ",d", "tickMinStep": 1}
+    assert line["encoding"]["color"]["legend"]["symbolType"] == "stroke"
+
+
+def test_loss_panels_get_their_own_y_axis() -> None:
+    """Rates in [0, 1] share one y axis across splits; a loss gets one per split."""
+    from analysis.charts import ChartData, learning_curves
+
+    def agg(scale: float) -> pd.DataFrame:
+        rows = [(p, s, step, m * scale, m * scale * 0.9, m * scale * 1.1)
+                for p in ("lr=0.1", "lr=1") for s, m in (("train", 0.05), ("long", 0.8))
+                for step in (1, 2)]  # fmt: skip
+        return pd.DataFrame(rows, columns=["point", "split", "step", "mean", "low", "high"])
+
+    store = ChartData()
+    shared = to_spec(learning_curves(store, agg(1.0), None, "accuracy", ["train", "long"]), store)
+    own = to_spec(learning_curves(store, agg(3.0), None, "loss", ["train", "long"]), store)
+    assert shared["resolve"]["scale"]["y"] == "shared" and own["resolve"]["scale"]["y"] == "independent"
 
 
 def test_boundary_data_caps_seeds_and_drops_unusable_rows(out: Path) -> None:

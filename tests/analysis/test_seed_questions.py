@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from analysis.analyze import analyze
 from analysis.demo import write_demo_study
 from analysis.errors import AnalysisError
-from analysis.report import build_report
+from analysis.report import build_report, to_spec
 
 
 def _rewrite(out: Path, study: str, table: str, **columns: object) -> None:
@@ -123,6 +124,22 @@ def test_report_draws_km_and_seed_count_charts(out: Path) -> None:
     assert {"time-to-val-accuracy", "seed-count", "seed-power"} <= set(names)
     spec = rep.spec()
     assert spec["datasets"]
+    doc = json.loads(analyze(out, "grid", "json", n_boot=200))
+    panels = {p.name: to_spec(p.chart, rep.store) for p in rep.panels}
+    # every half-width curve runs past the seeds its split needs, so it crosses the target
+    counts = panels["seed-count"]
+    curves = pd.DataFrame(counts["datasets"][counts["layer"][0]["data"]["name"]])
+    needed = [r["seeds_needed"] for r in doc["seed_counts"]["estimate"] if r["seeds_needed"]]
+    assert needed and curves.groupby("group")["n"].max().min() >= max(needed)
+    target = doc["seed_counts"]["estimate"][0]["half_width"]
+    assert (curves.groupby("group")["half_width"].min() < target).all()
+    # round ticks on the log axes, none past the axis' end
+    for name in ("seed-count", "seed-power"):
+        x = panels[name]["layer"][0]["encoding"]["x"]
+        top = x["scale"]["domain"][1]
+        ticks = x["axis"]["values"]
+        assert ticks[:3] in ([1, 2, 5], [1, 10, 100]) and max(ticks) <= top
+        assert all(str(t)[0] in "125" and set(str(t)[1:]) <= {"0"} for t in ticks)
 
 
 def test_symbol_rewriting_declares_when_it_learns() -> None:
