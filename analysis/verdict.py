@@ -16,8 +16,8 @@ Sections (see docs/analysis.md for the JSON schema):
   the configs as a sample.
 * **seed sources**: where configs varied different seed sources (``seeds.vary``), each
   source's share of the seed variance (:func:`source_shares`, bootstrap interval).
-* **comparisons**: config vs config per split: difference of means (bootstrap BCa
-  interval), Hedges g, A12 = probability of improvement (bootstrap interval), Welch p
+* **comparisons**: config vs config per split: difference of means (Welch t interval,
+  so it agrees with the Welch p beside it), Hedges g, A12 = probability of improvement (bootstrap interval), Welch p
   and Holm-adjusted p over every comparison in the table (one family).
 * **tuning** (candidates chosen adaptively, where no variance share applies): expected
   best objective vs number of candidates (Dodge et al. 2019) and winner vs runner-up.
@@ -125,8 +125,8 @@ def compare_configs(
     each config against the best one.
 
     ``values``: columns point, split, value (ok runs). Each row names the ``better`` config
-    (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with a
-    bootstrap interval, Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
+    (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with
+    Welch's t interval, Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
     with a bootstrap interval, Welch's p and Holm's adjustment over every row (one family).
     Returns :data:`COMPARISON_COLUMNS`.
     """

@@ -44,7 +44,7 @@ def test_mean_interval_is_scipys_bca_and_stays_inside_the_range() -> None:
 def test_diff_interval_matches_scipys_two_sample_bootstrap() -> None:
     rng = np.random.default_rng(0)
     a, b = rng.normal(1, 1, 12), rng.normal(0, 1, 10)
-    d = iv.diff_interval(a, b, n_boot=2000, seed=5)
+    d = iv.diff_interval(a, b, n_boot=2000, seed=5, method="BCa")
     ref = sps.bootstrap(
         (a, b),
         lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis),
@@ -56,6 +56,21 @@ def test_diff_interval_matches_scipys_two_sample_bootstrap() -> None:
     assert (d.low, d.high) == pytest.approx(
         (ref.confidence_interval.low, ref.confidence_interval.high)
     )
+
+
+def test_diff_interval_is_welchs_and_agrees_with_its_p() -> None:
+    # a = [1, 2, 3], b = [0, 0, 1]: diff 5/3, var_a/3 + var_b/3 = 1/3 + 1/9 = 4/9, se 2/3;
+    # Welch df = (4/9)^2 / ((1/3)^2/2 + (1/9)^2/2) = 3.2; half-width t_{0.975, 3.2} * 2/3
+    d = iv.diff_interval([1, 2, 3], [0, 0, 1])
+    half = sps.t.ppf(0.975, 3.2) * 2 / 3
+    assert d.method == "welch-t" and (d.low, d.high) == pytest.approx((5 / 3 - half, 5 / 3 + half))
+    # the case a bootstrap got wrong: 3 runs each, the interval excluded 0 while p was 0.25
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        x, y = rng.normal(0.5, 0.2, 3), rng.normal(0.4, 0.2, 3)
+        p = sps.ttest_ind(x, y, equal_var=False).pvalue
+        ci = iv.diff_interval(x, y)
+        assert (ci.low > 0 or ci.high < 0) == (p < 0.05)
 
 
 def test_a12_by_hand_and_as_mann_whitney() -> None:
