@@ -166,7 +166,7 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
             a12_ci=[f"{a:.2f} [{b:.2f}, {d:.2f}]" for a, b, d in v.comparisons[["a12", "a12_low", "a12_high"]].to_numpy()],
         )  # fmt: skip
         parts.append(
-            "<p>Config vs config (95% bootstrap intervals; p: Welch, Holm-adjusted over all rows):</p>"
+            "<p>Config vs config (diff: 95% Welch t interval; P(improvement): 95% bootstrap interval; p: Welch, Holm-adjusted over all rows):</p>"
         )
         parts.append(_html_table(c, [("split", "split"), ("better", "better"), ("worse", "worse"),
                                      ("diff_ci", "difference of means"), ("hedges_g", "Hedges g"),
