@@ -15,9 +15,8 @@ from scipy import stats
 from trainables.data import SeqTags, Split
 from trainables.errors import ConfigError, DataError
 from trainables.registry import TASKS
-from trainables.tasks.dyck import (
-    Dyck1,
-    Dyck1Config,
+from trainables.tasks.dyck import Dyck1, Dyck1Config, trivial_failure
+from trainables.tasks.dyck_strings import (
     LengthConditionedSampler,
     SuzgunLengthSampler,
     SuzgunSampler,
@@ -28,7 +27,6 @@ from trainables.tasks.dyck import (
     length_probs,
     sample_exact_unique,
     suzgun_length_table,
-    trivial_failure,
     zigzag_j,
 )
 
