@@ -32,7 +32,7 @@ print("numerics:", numerics(device))
 
 import ray  # noqa: E402
 
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 try:
     gpus = ray.cluster_resources().get("GPU", 0)
     print(f"ray {ray.__version__}: CPU {ray.cluster_resources().get('CPU')}, GPU {gpus}")

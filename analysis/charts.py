@@ -18,7 +18,7 @@ import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import altair as alt
 import numpy as np
@@ -455,7 +455,9 @@ def learning_curves(
     color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point", legend=legend)
     values = agg[["low", "high", "mean"]].to_numpy(dtype=float)
     values = values[np.isfinite(values)]
-    y = "shared" if values.size and values.min() >= 0 and values.max() <= 1 else "independent"
+    y: Literal["shared", "independent"] = (
+        "shared" if values.size and values.min() >= 0 and values.max() <= 1 else "independent"
+    )
     shown = [s for s in splits if s in set(agg["split"])]
     shown += sorted(set(agg["split"]) - set(shown))
     panels: list[Any] = []

@@ -46,7 +46,10 @@ VerdictSplitOpt = Annotated[
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Study name (default: the config's `name`).")]
 AddressOpt = Annotated[
-    str | None, typer.Option("--address", help="Existing Ray cluster address (default: start a local Ray).")
+    str | None,
+    typer.Option("--address", envvar="RAY_ADDRESS",
+                 help="Existing Ray cluster address, e.g. HEAD_IP:6379 or auto (default: RAY_ADDRESS, as "
+                      "`ray job submit` sets it; else a local Ray of this study's own)."),
 ]
 CpusOpt = Annotated[int | None, typer.Option("--num-cpus", min=1, help="CPUs for a local Ray (default: all).")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table, csv or json (checked before anything runs).")]

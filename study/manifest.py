@@ -18,12 +18,15 @@ import platform
 import re
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from trainables.errors import ConfigError, StudyStateError
+from trainables.results import committed
 
 if TYPE_CHECKING:
     from study.config import StudyConfig
@@ -145,6 +148,23 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[pkg] = ""
     return out
+
+
+@contextmanager
+def forgotten_if_refused(out: Path, name: str, also: tuple[str, ...] = ()) -> Iterator[None]:
+    """A study that this block creates is forgotten again (its manifest and the files named
+    in ``also`` under its folder removed) if a :class:`ConfigError` leaves the block before
+    any of its runs committed: a Ray cluster that refuses the driver (``--address``, its auth
+    token) then leaves nothing behind, and the next try, with other settings, is not refused
+    as a changed config."""
+    new = read(out, name) is None
+    try:
+        yield
+    except ConfigError:
+        if new and not committed(out, name):
+            for f in (manifest_path(out, name), *(study_dir(out, name) / a for a in also)):
+                f.unlink(missing_ok=True)
+        raise
 
 
 def prepare(

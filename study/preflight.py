@@ -10,6 +10,7 @@ import re
 import secrets
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,33 @@ def ray_env() -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # fineline handles SIGINT / SIGTERM itself (StopSignals): Tune's handler would swallow them
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+
+@contextlib.contextmanager
+def held_stderr() -> Iterator[None]:
+    """Hold back what is written to stderr inside the block, Ray's C++ core included (it
+    writes to file descriptor 2, past ``sys.stderr``), and print it afterwards, unless a
+    :class:`ConfigError` leaves the block: a driver refused by a cluster's auth token gets
+    about 20 lines of ``gcs_client.cc: Failed to get cluster ID`` retries before Ray raises,
+    and fineline's one error says it all."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    refused = False
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        except ConfigError:
+            refused = True
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read()
+            if text and not refused:
+                os.write(2, text)
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

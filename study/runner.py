@@ -33,6 +33,7 @@ from study.preflight import (
     TOKEN_FIX,
     check_address,
     check_resources,
+    held_stderr,
     loopback_only,
     private_token,
     sync_auth_mode,
@@ -98,6 +99,33 @@ SIGNALS: StopSignals | None = None
 """The current Ray session's signal handling (None outside one)."""
 
 
+def connect(address: str, runtime_env: dict[str, Any] | None) -> None:
+    """``ray.init`` to the cluster at ``address``; a refused token or a dead address is one
+    :class:`ConfigError` naming ``--address`` and the fix."""
+    import ray
+    from ray.exceptions import AuthenticationError
+
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True, runtime_env=runtime_env)
+    except AuthenticationError as exc:  # token mode, but no token on this machine
+        raise ConfigError(
+            "--address", f"no Ray auth token for the cluster at {address} ({exc.message})", TOKEN_FIX
+        ) from None
+    except ConnectionError as exc:
+        if "InvalidAuthToken" in f"{exc} {exc.__cause__}":
+            if os.environ.get("RAY_AUTH_MODE") == "disabled":  # no token was sent at all
+                raise ConfigError(
+                    "--address",
+                    f"the cluster at {address} requires an auth token, and this driver runs with "
+                    "RAY_AUTH_MODE=disabled",
+                    f"unset RAY_AUTH_MODE (fineline then uses token mode) and {TOKEN_FIX}",
+                ) from None
+            raise ConfigError(
+                "--address", f"the cluster at {address} refused this driver's auth token", TOKEN_FIX
+            ) from None
+        raise ConfigError("--address", f"no Ray cluster answers at {address}", DEAD_FIX) from None
+
+
 @contextmanager
 def ray_session(
     address: str | None, num_cpus: int | None, runtime_env: dict[str, Any] | None = None
@@ -118,40 +146,20 @@ def ray_session(
     global SIGNALS
     sync_auth_mode()
     import ray
-    from ray.exceptions import AuthenticationError
 
-    from trainables.errors import ConfigError
-
-    token_fix = TOKEN_FIX
     stops = StopSignals()
     if address:
         address = check_address(address)
-        try:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True,
-                     runtime_env=runtime_env)
-        except AuthenticationError as exc:  # token mode, but no token on this machine
-            raise ConfigError(
-                "--address",
-                f"no Ray auth token for the cluster at {address} ({exc.message})",
-                token_fix,
-            ) from None
-        except ConnectionError as exc:
-            if "InvalidAuthToken" in f"{exc} {exc.__cause__}":
-                if os.environ.get("RAY_AUTH_MODE") == "disabled":  # no token was sent at all
-                    raise ConfigError(
-                        "--address",
-                        f"the cluster at {address} requires an auth token, and this driver runs with "
-                        "RAY_AUTH_MODE=disabled",
-                        f"unset RAY_AUTH_MODE (fineline then uses token mode) and {token_fix}",
-                    ) from None
-                raise ConfigError(
-                    "--address", f"the cluster at {address} refused this driver's auth token", token_fix
-                ) from None
-            raise ConfigError("--address", f"no Ray cluster answers at {address}", DEAD_FIX) from None
+        console.print(f"connecting to Ray at {address}")
+        with held_stderr():  # Ray's retry lines, printed unless one error below says it all
+            connect(address, runtime_env)
     else:
         private_token()
         with loopback_only():
             ray.init(
+                # "local": a Ray of this study's own, never the cluster a `ray start` on this
+                # machine left in /tmp/ray/ray_current_cluster (stale or not)
+                address="local",
                 num_cpus=num_cpus or default_cpus(),
                 include_dashboard=False,
                 logging_level=logging.ERROR,
@@ -361,7 +369,7 @@ def run_study(
     unless every planned run is committed."""
     out = Path(out)
     facts = check_before_ray(cfg, address, num_cpus)
-    with study_lock(out, name):
+    with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name):
         return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
 
 

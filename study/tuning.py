@@ -447,7 +447,7 @@ def run_tuning(
     analysis = check_before_ray(cfg, address, num_cpus)
     batch, note = bundle_batch(cfg, block, resolve_device(cfg))
     _check_resume(out, name, block)
-    with study_lock(out, name):
+    with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name, also=("optuna.db",)):
         if note:
             console.print(note)
         return _tune_locked(cfg, name, out, n_trials, address, num_cpus, block, analysis, batch)

@@ -158,6 +158,36 @@ def test_driver_without_the_clusters_token_fails_clearly(tmp_path: Path) -> None
     assert not (tmp_path / ".ray" / "auth_token").exists(), "a driver must never invent a token"
 
 
+def test_held_stderr_drops_what_one_error_says_and_prints_the_rest(tmp_path: Path) -> None:
+    """Ray's C++ core writes its connection retries to file descriptor 2; they are dropped
+    when fineline raises its own error, printed otherwise (success or any other failure)."""
+    code = (
+        "import os, sys\n"
+        "from study.preflight import held_stderr\n"
+        "from trainables.errors import ConfigError\n"
+        "case = sys.argv[1]\n"
+        "try:\n"
+        "    with held_stderr():\n"
+        "        os.write(2, b'gcs_client.cc: Failed to get cluster ID\\n')\n"
+        "        if case == 'refused':\n"
+        "            raise ConfigError('--address', 'refused', 'give the token')\n"
+        "        if case == 'other':\n"
+        "            raise RuntimeError('boom')\n"
+        "except Exception as exc:\n"
+        "    print(f'error: {exc}', file=sys.stderr)\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seen = {}
+    for case in ("refused", "ok", "other"):
+        res = subprocess.run([sys.executable, "-c", code, case], capture_output=True, text=True,
+                             env=env, timeout=60, check=True)  # fmt: skip
+        seen[case] = res.stderr.splitlines()
+    assert seen["refused"][0].startswith("error: --address: refused") and len(seen["refused"]) == 2
+    assert seen["ok"] == ["gcs_client.cc: Failed to get cluster ID", "after"]
+    assert seen["other"][:2] == ["gcs_client.cc: Failed to get cluster ID", "error: boom"]
+
+
 def test_local_ray_agrees_on_auth_even_when_ray_was_imported_first(tmp_path: Path) -> None:
     """Ray caches its auth mode per process. A program that touched Ray before calling
     ``ray_session`` (a notebook, another library) must still agree with the local Ray it

@@ -299,6 +299,28 @@ def test_worker_node_removed_mid_study_reschedules_on_remaining_node(
     assert not worker.alive()
 
 
+@pytest.mark.slow  # ~25 s: Ray retries a refused token for about 20 s before it raises
+def test_driver_with_a_wrong_token_gets_one_error_and_leaves_no_study(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The cluster refuses the token: one error naming ``--address`` and the fix, none of
+    Ray's ~20 ``gcs_client.cc`` retry lines, and no manifest of a study that never ran."""
+    wrong = tmp_path / "auth_token"
+    wrong.write_text("0" * 64)
+    wrong.chmod(0o600)
+    out = tmp_path / "results"
+    res = subprocess.run(
+        study_cmd("run", str(CONFIG), "--out", str(out), "--address", cluster.address),
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**cluster.driver_env(), "RAY_AUTH_TOKEN_PATH": str(wrong)},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--address: the cluster at" in errors[0] and "refused" in errors[0]
+    assert "gcs_client.cc" not in res.stderr and "Traceback" not in res.stderr
+    assert list(out.glob("*/study.json")) == []
+
+
 def test_tiny_cluster_config_is_a_valid_study() -> None:
     raw = yaml.safe_load(CONFIG.read_text())
     assert raw["execution"]["bundle_size"] == 2 and raw["seeds"]["count"] == 4

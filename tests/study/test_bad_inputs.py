@@ -364,6 +364,18 @@ def test_bad_arguments_are_refused(
     assert rc == 2, line
 
 
+def test_ray_address_in_the_environment_is_the_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RAY_ADDRESS`` (as ``ray job submit`` sets it) is ``--address``' default, checked as
+    one: a dead one is refused before Ray, where Ray itself would fail on ``--num-cpus``."""
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
+    out = tmp_path / "results"
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--num-cpus", "1"], capsys)
+    line = check_refused(rc, err, "error: --address: no Ray cluster answers at 127.0.0.1:", out, None)
+    assert rc == 2, line
+
+
 # --------------------------------------------------------------------------- data files
 def _dyck(tmp: Path, corrupt: Callable[[Path], None]) -> dict[str, Any]:
     folder = tmp / "dyck"

@@ -10,9 +10,11 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -102,11 +104,19 @@ print(json.dumps({"sockets": sockets, "env_after": os.environ.get(preflight.LOOP
 def test_local_ray_listens_on_loopback_only(tmp_path: Path) -> None:
     """In a fresh process (Ray caches its auth token per process) whose home is empty: the
     local Ray's servers listen on loopback only, the switch is put back afterwards, and the
-    token file Ray will use is created readable by its owner only."""
+    token file Ray will use is created readable by its owner only. A ``ray start`` once run
+    on the machine left its address behind (``ray_current_cluster``, here stale): the study's
+    Ray is still its own (``ray.init()`` would connect there and refuse ``num_cpus``)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
-    res = subprocess.run([sys.executable, "-c", PROBE, str(Path(__file__).parent)], capture_output=True,
-                         text=True, env=env, timeout=300, cwd=tmp_path)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="flr-", dir="/tmp"))  # short: Ray's socket paths
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
+    env |= {"HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(ray_tmp)}
+    try:
+        res = subprocess.run([sys.executable, "-c", PROBE, str(Path(__file__).parent)], capture_output=True,
+                             text=True, env=env, timeout=300, cwd=tmp_path)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert res.returncode == 0, res.stderr[-3000:]
     probe = json.loads(res.stdout.strip().splitlines()[-1])
     sockets = probe["sockets"]
