@@ -215,6 +215,13 @@ def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None)
     cluster's resources are compared once connected (:func:`warn_cluster_resources`)."""
     ex = cfg.execution
     if address is not None:  # an empty --address is refused, not taken for a local Ray
+        if num_cpus is not None:
+            source = " (from RAY_ADDRESS)" if os.environ.get("RAY_ADDRESS") == address else ""
+            raise ConfigError(
+                "--num-cpus", f"sets the CPUs of a local Ray, but this study runs on the cluster at {address}{source}",
+                "drop --num-cpus (a cluster's nodes bring their own CPUs), or drop --address"
+                + (" and unset RAY_ADDRESS" if source else "") + " to run on a local Ray",
+            )
         check_address(address)
         return
     cpus = num_cpus or default_cpus()

@@ -371,9 +371,13 @@ def test_ray_address_in_the_environment_is_the_address(
     one: a dead one is refused before Ray, where Ray itself would fail on ``--num-cpus``."""
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     out = tmp_path / "results"
-    rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--num-cpus", "1"], capsys)
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out)], capsys)
     line = check_refused(rc, err, "error: --address: no Ray cluster answers at 127.0.0.1:", out, None)
     assert rc == 2, line
+    # --num-cpus sizes a local Ray: beside an address (here RAY_ADDRESS's) it would be ignored
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--num-cpus", "1"], capsys)
+    line = check_refused(rc, err, "error: --num-cpus: ", out, None)
+    assert "(from RAY_ADDRESS)" in line and "unset RAY_ADDRESS" in line
 
 
 # --------------------------------------------------------------------------- data files
