@@ -231,3 +231,17 @@ def test_with_replacement_keeps_the_default_id_and_refuses_fresh_samples() -> No
         toy_spec("with_replacement", fresh=True)
     assert info.value.field == "train.data_order"
     assert "fresh_samples" in str(info.value) and "draw batches from" in str(info.value)
+
+
+def test_a_batch_larger_than_the_training_split_is_refused_unless_drawn_with_replacement() -> None:
+    """30 training points: a batch of 30 is full batch; 40 would repeat 10 points in every
+    batch from the next shuffle (a full-batch study whose split shrank but not its batch)."""
+    seeds = [derive_seedset(ROOT, 0)]
+    task = toy_spec("reshuffle").make_task()
+    data = task.build(seeds[0].data_seed)
+    BundleRun(toy_spec("reshuffle", batch_size=30), seeds, task, data)
+    for order in ("reshuffle", "fixed"):
+        with pytest.raises(ConfigError) as info:
+            BundleRun(toy_spec(order, batch_size=40), seeds, task, data)
+        assert info.value.field == "train.batch_size" and "at most 30" in str(info.value)
+    BundleRun(toy_spec("with_replacement", batch_size=40), seeds, task, data)  # draws may repeat

@@ -50,7 +50,7 @@ from trainables.registry import MODELS
 from trainables.runtime import to_device
 from trainables.schedules import lr_factor
 from trainables.seeding import SeedSet, numpy_rng, torch_generator
-from trainables.spec import RunSpec, check_data_order
+from trainables.spec import RunSpec, check_batch_size, check_data_order
 from trainables.tasks.base import Task
 
 Rows = list[dict[str, Any]]
@@ -182,6 +182,7 @@ class BundleRun:
         self.train_split = data.train
         self.n_train = len(self.train_split)
         check_data_order(self.train_cfg, task)
+        check_batch_size(self.train_cfg, task, self.n_train)
         self.fixed_orders: list[np.ndarray] | None = None
         """With ``train.data_order: fixed``, each member's one order of the training split:
         the first permutation of its order stream (what ``reshuffle`` starts with)."""

@@ -268,6 +268,23 @@ def check_data_order(train: TrainConfig, task: Task) -> None:
         )
 
 
+def check_batch_size(train: TrainConfig, task: Task, n_train: int) -> None:
+    """A batch drawn from the training split's shuffles holds each example at most once:
+    ``batch_size`` larger than the split would fill it from the next shuffle, repeating
+    examples without a word (e.g. a full-batch grokking study whose ``task.train_fraction``
+    was lowered but not its batch size). ``with_replacement`` draws, and fresh samples, are
+    free of that (ConfigError otherwise)."""
+    if task.fresh_samples or train.data_order == "with_replacement" or train.batch_size <= n_train:
+        return
+    raise ConfigError(
+        "train.batch_size",
+        f"{train.batch_size} is larger than the training split ({n_train} examples): a batch would "
+        "hold some examples twice",
+        f"set train.batch_size to at most {n_train} ({n_train} is full batch), or "
+        "train.data_order: with_replacement",
+    )
+
+
 def _resolve_reduction(train: TrainConfig, model_cls: type[Model]) -> TrainConfig:
     """``loss_reduction`` checked against the model's ``reductions``; unset -> its default."""
     allowed = tuple(model_cls.reductions)
