@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import seedcount as sc
-from analysis.charts import ChartData, TopChart
+from analysis.charts import ChartData, TopChart, wrapped
 from analysis.context import StudyContext
 
 Panels = list[tuple[str, Any, bool]]
@@ -93,22 +93,23 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
 
     ``table``: :func:`analysis.seedcount.seed_count_table` (point, split, n, sd,
     half_width_now, half_width, ...). A dashed rule marks the target half-width, a dot
-    each (point, split)'s present seeds and half-width.
+    each (point, split)'s present seeds and half-width. A (point, split) whose seeds all
+    agree (sd 0: its half-width is 0 at every n, which a log axis cannot place; one such
+    row left the whole chart without lines or ticks) is named in the subtitle instead.
     """
+    multi = table["point"].nunique() > 1
+    flat = table[table["sd"] == 0]
+    table = table[np.isfinite(table["sd"].astype(float)) & (table["sd"] > 0)]
     rows = []
     for r in table.itertuples(index=False):
-        if not np.isfinite(r.sd):
-            continue
-        c = sc.curve_points(r.sd, int(r.n)).assign(
-            group=f"{r.point}: {r.split}" if table["point"].nunique() > 1 else r.split
-        )
+        c = sc.curve_points(r.sd, int(r.n)).assign(group=f"{r.point}: {r.split}" if multi else r.split)
         rows.append(c)
     curves = (
         pd.concat(rows, ignore_index=True)
         if rows
         else pd.DataFrame(columns=["n", "half_width", "group"])
     )
-    now = table.assign(group=[f"{p}: {s}" if table["point"].nunique() > 1 else s
+    now = table.assign(group=[f"{p}: {s}" if multi else s
                               for p, s in zip(table["point"], table["split"], strict=True)])  # fmt: skip
     color = alt.Color("group:N", title="split")
     x = alt.X("n:Q", title="seeds", scale=alt.Scale(type="log"))
@@ -121,16 +122,18 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     ).encode(x="n:Q", y="half_width_now:Q", color=color,
              tooltip=["group:N", alt.Tooltip("n:Q", title="seeds now"),
                       alt.Tooltip("half_width_now:Q", format=".4f"), "seeds_needed:Q"])  # fmt: skip
-    target = float(table["half_width"].iloc[0])
+    target = float((table if not table.empty else flat)["half_width"].iloc[0])
     rule = (
         alt.Chart(store.add(pd.DataFrame({"h": [target]})))
         .mark_rule(strokeDash=[4, 3], color="#999")
         .encode(y="h:Q")
     )
+    same = [f"{p}: {s}" if multi else str(s) for p, s in zip(flat["point"], flat["split"], strict=True)]
+    note = wrapped(f"not drawn, every seed the same (sd 0): {', '.join(same)}", 300) if same else []
     title = alt.TitleParams(
         f"How many seeds: {metric} mean to +-{target:.3g}",
         subtitle=["t interval from this study's spread per split; dots: the seeds it has; "
-                  "dashed: the target"],
+                  "dashed: the target", *note],
     )  # fmt: skip
     return alt.layer(lines, dots, rule).properties(width=300, height=220, title=title)
 
@@ -190,7 +193,7 @@ def question_panels(ctx: StudyContext, store: ChartData, verdict: Any) -> Panels
     if verdict is None or verdict.metric is None:
         return out
     counts = study_seed_counts(ctx, verdict)
-    if not counts.table.empty and counts.table["sd"].notna().any():
+    if not counts.table.empty and (counts.table["sd"] > 0).any():  # else nothing to draw on a log axis
         out.append(("seed-count", seed_count_chart(store, counts.table, str(counts.metric)), False))
     if not counts.power.empty:
         out.append(("seed-power", power_chart(store, counts.power, str(counts.metric)), False))

@@ -125,6 +125,29 @@ def test_report_draws_km_and_seed_count_charts(out: Path) -> None:
     assert spec["datasets"]
 
 
+def test_the_seed_count_chart_leaves_out_splits_where_every_seed_agrees() -> None:
+    # a length study: every mode seed has exact 1.0 on len_15 (sd 0, a half-width of 0 at
+    # every n); on a log axis that 0 left the whole chart without lines or ticks
+    import pandas as pd
+
+    from analysis import seedcount as sc
+    from analysis.charts import ChartData
+    from analysis.seed_charts import seed_count_chart
+
+    values = pd.DataFrame({"point": ["kind=mode"] * 3 + ["kind=count"] * 3, "split": "len_15",
+                           "value": [1.0, 1.0, 1.0, 0.2, 0.3, 0.25]})  # fmt: skip
+    table = sc.seed_count_table(values, half_width_target=0.02, difference=0.05)
+    assert table.set_index("point").loc["kind=mode", "sd"] == 0
+    store = ChartData()
+    spec = store.embed(seed_count_chart(store, table, "exact").to_dict())
+    widths = [r[c] for rows in spec["datasets"].values() for r in rows
+              for c in ("half_width", "half_width_now") if c in r]  # fmt: skip
+    assert widths and all(w > 0 for w in widths)  # every value a log axis can place
+    groups = {r["group"] for rows in spec["datasets"].values() for r in rows if "group" in r}
+    assert groups == {"kind=count: len_15"}
+    assert "not drawn, every seed the same (sd 0): kind=mode: len_15" in " ".join(spec["title"]["subtitle"])
+
+
 def test_symbol_rewriting_declares_when_it_learns() -> None:
     from analysis.survival import event_from_declaration
     from trainables.tasks.symbol_rewriting import SymbolRewriting, SymbolRewritingConfig
