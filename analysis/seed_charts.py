@@ -27,15 +27,20 @@ from analysis.context import StudyContext
 Panels = list[tuple[str, Any, bool]]
 
 
-def _steps(curves: pd.DataFrame, end: float) -> pd.DataFrame:
+def _steps(curves: pd.DataFrame, end: float, level: float = 0.95) -> pd.DataFrame:
     """Per point, the KM table with a leading row at time 0 (nothing reached yet) and, where
     it ends before ``end`` (the budget), a trailing copy of its last row there: a step-after
     line and band are drawn up to the next row, so the last step (often the only one) had
-    no width and its band did not show."""
+    no width and its band did not show. The leading row's band is the exact bound of no
+    event among the n runs followed (:func:`analysis.survival.kaplan_meier`: at most
+    ``1 - ((1 - level) / 2) ** (1 / n)`` reached), as the table gives it before the first
+    event: a point whose runs were all censored at the budget (its only row) drew a flat 0
+    with no band, where its table says 0% [0, 17] for 20 runs."""
     parts = []
     for p, sub in curves.groupby("point", sort=False):
+        n = int(sub["at_risk"].iloc[0])
         start = pd.DataFrame({"point": [p], "time": [0.0], "reached": [0.0], "r_low": [0.0],
-                              "r_high": [0.0], "at_risk": [sub["at_risk"].iloc[0]],
+                              "r_high": [1 - ((1 - level) / 2) ** (1 / n)], "at_risk": [n],
                               "events": [0], "censored": [0]})  # fmt: skip
         body = sub.assign(r_low=1 - sub["high"], r_high=1 - sub["low"])[list(start.columns)]
         parts += [start, body]
@@ -45,16 +50,16 @@ def _steps(curves: pd.DataFrame, end: float) -> pd.DataFrame:
 
 
 def km_chart(
-    store: ChartData, curves: pd.DataFrame, label: str, unit: str, budget: float
+    store: ChartData, curves: pd.DataFrame, label: str, unit: str, budget: float, level: float = 0.95
 ) -> TopChart:
     """Kaplan-Meier curves of one event, one colour per grid point.
 
     ``curves``: :data:`analysis.survival.CURVE_COLUMNS` (point, time, at_risk, events,
     censored, survival, low, high, reached, reached_all). ``label``: the event
     (``val accuracy >= 0.5``); ``unit``: ``epoch`` or ``step``; ``budget``: the largest
-    budget, drawn as a dashed rule.
+    budget, drawn as a dashed rule; ``level``: the band's (:func:`_steps`).
     """
-    df = _steps(curves, budget)
+    df = _steps(curves, budget, level)
     color = alt.Color("point:N", title="grid point")
     x = alt.X("time:Q", title=unit, scale=alt.Scale(domainMin=0))
     tip = [alt.Tooltip("point:N"), alt.Tooltip("time:Q", title=unit),

@@ -169,3 +169,26 @@ def test_tuning_study_speaks_about_winner_and_runner_up(tmp_path: Path) -> None:
     rows = doc["multi_bootstrap"]["rows"]
     assert rows and {r["a"] for r in rows if r["kind"] == "configs"} <= pair
     assert {r["where"] for r in rows if r["kind"] == "splits"} == pair
+
+
+def test_the_km_chart_bands_the_runs_censored_at_the_budget() -> None:
+    # 20 runs, none grokked by the budget 3000 (grokking_cpu at fraction 0.4): the table says
+    # 0% reached, at most 16.8% (exact bound); the chart drew a flat 0 without a band
+    import pandas as pd
+    from scipy import stats as sps
+
+    from analysis import survival as sv
+    from analysis.charts import ChartData
+    from analysis.seed_charts import km_chart
+
+    outcomes = pd.DataFrame({"point": "p", "trial_id": "t", "seed": range(20), "status": "ok", "time": 3000.0,
+                             "last_time": 3000.0, "budget": 3000.0, "outcome": "budget"})  # fmt: skip
+    summary, curves = sv.event_summary(outcomes)
+    high = sps.binomtest(0, 20).proportion_ci(method="exact").high
+    assert summary["reached_high"].iloc[0] == pytest.approx(high)
+    store = ChartData()
+    spec = store.embed(km_chart(store, curves, "groks", "step", 3000.0).to_dict())
+    (rows,) = [r for r in spec["datasets"].values() if r and "r_high" in r[0]]
+    # step-after from 0 to the budget: the band the table gives, then the budget's own row
+    assert [(r["time"], r["reached"], r["r_low"]) for r in rows] == [(0, 0, 0), (3000, 0, 0)]
+    assert [r["r_high"] for r in rows] == pytest.approx([high, high], abs=1e-9)
