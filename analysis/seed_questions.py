@@ -355,6 +355,24 @@ def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
     return out
 
 
+def _task_configs(ctx: StudyContext) -> dict[str, Any]:
+    """Each config's resolved ``task`` block (from ``trials.config_json``) by point label:
+    two configs share their test examples only when their tasks agree (a grid over
+    ``task.kind`` names different examples by the same ids)."""
+    rows = ctx.con.execute(
+        "SELECT trial_id, any_value(config_json) FROM trials WHERE study = ? GROUP BY trial_id",
+        [ctx.name],
+    ).fetchall()
+    out: dict[str, Any] = {}
+    for tid, cj in rows:
+        try:
+            cfg = json.loads(cj) if isinstance(cj, str) else {}
+        except json.JSONDecodeError:
+            cfg = {}
+        out[ctx.labels.get(tid, tid)] = cfg.get("task") if isinstance(cfg, dict) else None
+    return out
+
+
 def study_multiboot(
     ctx: StudyContext,
     *,
@@ -371,6 +389,7 @@ def study_multiboot(
     if points is not None:
         tables = {k: v for k, v in tables.items() if k[0] in points}
     seeds = _seed_values(ctx)
+    tasks = _task_configs(ctx)
     varied = [p for p, s in seeds.items() if len({v[3] for v in s.values()}) > 1]
     if varied:
         ctx.notes.append(
@@ -412,7 +431,8 @@ def study_multiboot(
                 if note not in ctx.notes:
                     ctx.notes.append(note)
             common = sorted(set(ta.examples) & set(tb.examples))
-            same_data = {v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
+            same_data = ({v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
+                         and tasks.get(pa) == tasks.get(pb))  # fmt: skip
             if same_data and common:
                 ia, ib = _positions(ta.examples, common), _positions(tb.examples, common)
                 add("configs", split, (pa, split), (pb, split), same_seeds, True, xa[:, ia], xb[:, ib])
@@ -533,12 +553,13 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
         m = qs.multiboot.assign(
             diff_ci=[_ci(a, b, c, ".4f") for a, b, c in zip(qs.multiboot["diff"], qs.multiboot["low"], qs.multiboot["high"], strict=True)]
         )[["kind", "where", "a", "b", "seeds_a", "seeds_b", "examples_a", "examples_b", "paired_seeds",
-           "mean_a", "mean_b", "diff_ci", "p", "warn"]]  # fmt: skip
+           "paired_examples", "mean_a", "mean_b", "diff_ci", "p", "warn"]]  # fmt: skip
         lines += [
             "",
             f"Multi-Bootstrap over seeds and test examples (share correct; {qs.n_boot} replicates, "
             "95% percentile interval, p: two-sided bootstrap share; configs: same examples drawn "
-            "for both, seeds together when both ran the same; splits: seeds together, examples per split)",
+            "for both where they share their test examples (paired_examples), seeds together when both ran "
+            "the same; splits: seeds together, examples per split)",
             text_table(m),
         ]
     return lines
