@@ -355,22 +355,23 @@ def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
     return out
 
 
-def _task_configs(ctx: StudyContext) -> dict[str, Any]:
-    """Each config's resolved ``task`` block (from ``trials.config_json``) by point label:
-    two configs share their test examples only when their tasks agree (a grid over
-    ``task.kind`` names different examples by the same ids)."""
+def _example_sets(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[str, str], str]:
+    """(point, split) -> a digest of its test examples (each ``example_id`` with its input
+    and target, from the predictions of its first seed): two configs share their examples
+    only where these agree (a grid over ``task.kind`` names different examples by the same
+    ids, on the same data seed)."""
+    if not splits:
+        return {}
+    marks = ",".join("?" * len(splits))
     rows = ctx.con.execute(
-        "SELECT trial_id, any_value(config_json) FROM trials WHERE study = ? GROUP BY trial_id",
-        [ctx.name],
+        "WITH first AS (SELECT trial_id, split, min(seed) AS seed FROM predictions WHERE study = ? "
+        f"AND split IN ({marks}) GROUP BY ALL) "
+        "SELECT p.trial_id, p.split, md5(string_agg(p.example_id::VARCHAR || chr(31) || coalesce(p.input, '') "
+        "|| chr(31) || coalesce(p.target, ''), chr(30) ORDER BY p.example_id)) "
+        "FROM predictions p JOIN first f USING (trial_id, split, seed) WHERE p.study = ? GROUP BY ALL",
+        [ctx.name, *splits, ctx.name],
     ).fetchall()
-    out: dict[str, Any] = {}
-    for tid, cj in rows:
-        try:
-            cfg = json.loads(cj) if isinstance(cj, str) else {}
-        except json.JSONDecodeError:
-            cfg = {}
-        out[ctx.labels.get(tid, tid)] = cfg.get("task") if isinstance(cfg, dict) else None
-    return out
+    return {(ctx.labels.get(tid, tid), str(split)): str(h) for tid, split, h in rows}
 
 
 def study_multiboot(
@@ -389,7 +390,7 @@ def study_multiboot(
     if points is not None:
         tables = {k: v for k, v in tables.items() if k[0] in points}
     seeds = _seed_values(ctx)
-    tasks = _task_configs(ctx)
+    examples = _example_sets(ctx, ctx.test_splits)
     varied = [p for p, s in seeds.items() if len({v[3] for v in s.values()}) > 1]
     if varied:
         ctx.notes.append(
@@ -432,7 +433,7 @@ def study_multiboot(
                     ctx.notes.append(note)
             common = sorted(set(ta.examples) & set(tb.examples))
             same_data = ({v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
-                         and tasks.get(pa) == tasks.get(pb))  # fmt: skip
+                         and examples.get((pa, split)) == examples.get((pb, split)))  # fmt: skip
             if same_data and common:
                 ia, ib = _positions(ta.examples, common), _positions(tb.examples, common)
                 add("configs", split, (pa, split), (pb, split), same_seeds, True, xa[:, ia], xb[:, ib])

@@ -151,16 +151,16 @@ def test_the_seed_count_chart_leaves_out_splits_where_every_seed_agrees() -> Non
 def test_multiboot_pairs_examples_only_between_configs_of_one_task(tmp_path: Path) -> None:
     # a grid over task.kind (count, mode) on one data seed: example 3 of count's len_15 is
     # not example 3 of mode's, so each config draws its own examples; a grid over train.lr
-    # (the same task) shares them
+    # (the same examples) shares them
     import pandas as pd
 
     out = tmp_path / "results"
-    for name, tasks in (("kinds", ({"kind": "count"}, {"kind": "mode"})), ("lrs", ({"kind": "count"},) * 2)):
+    for name in ("kinds", "lrs"):
         write_demo_study(out, name, n_seeds=4, points=[{"p": 0}, {"p": 1}], seed=5)
-        for i, task in enumerate(tasks):
-            path = out / "tables" / "trials" / f"study={name}" / f"{name}-t{i:02d}-u0.parquet"
-            t = pq.read_table(path).to_pandas().assign(config_json=json.dumps({"task": task}))
-            pq.write_table(pq.read_table(path).from_pandas(t, preserve_index=False), path)
+    for path in (out / "tables" / "predictions" / "study=kinds").glob("kinds-t01-*.parquet"):
+        t = pq.read_table(path).to_pandas()  # the second task's inputs and targets
+        t = t.assign(input="mode " + t["input"], target="m" + t["target"], prediction="m" + t["prediction"])
+        pq.write_table(pq.read_table(path).from_pandas(t, preserve_index=False), path)
     rows = {name: pd.DataFrame(json.loads(analyze(out, name, "json", n_boot=100))["multi_bootstrap"]["rows"])
             for name in ("kinds", "lrs")}  # fmt: skip
     configs = {name: r[r["kind"] == "configs"] for name, r in rows.items()}
