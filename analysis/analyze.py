@@ -181,9 +181,11 @@ def verdict_text(v: vd.Verdict) -> list[str]:
     if not v.shares.empty:
         t = v.shares.assign(
             between=v.shares["between"].map(_pct_cell),
-            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(v.shares["low"], v.shares["high"], strict=True)],
+            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" if pd.notna(a) else "no variance"
+                      for a, b in zip(v.shares["low"], v.shares["high"], strict=True)],
             seeds_share=v.shares["seeds_share"].map(_pct_cell),
-            icc1=[vd.pct_interval(a, b, c) for a, b, c in zip(v.shares["icc1"], v.shares["icc1_low"], v.shares["icc1_high"], strict=True)],
+            icc1=[vd.pct_interval(a, b, c) if pd.notna(a) else ""
+                  for a, b, c in zip(v.shares["icc1"], v.shares["icc1_low"], v.shares["icc1_high"], strict=True)],
         )[["split", "configs", "runs", "seeds_min", "between", "interval", "seeds_share", "icc1", "F", "p", "warn"]]  # fmt: skip
         title = f"Share of {v.metric} variance between configs (omega^2, 95% noncentral-F interval)"
         lines += ["", title, text_table(t)]

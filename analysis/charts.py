@@ -497,7 +497,12 @@ def histogram(
     """
     sel = seed_selection()
     df = values[["trial_id", "point", "seed", "value"]]
-    lo, hi = float(df["value"].min()), float(df["value"].max())
+    data = store.add(df)
+    # the edges from the values as the chart stores them (12 digits): an edge at the exact
+    # minimum lay above its rounded value (200/481 = 0.41580041580041...), and Vega's bin
+    # sends a value below the first edge to -Infinity, so the lowest run's bar was not drawn
+    stored = [float(r["value"]) for r in store.values[str(data.name)] if r.get("value") is not None]
+    lo, hi = (min(stored), max(stored)) if stored else (0.0, 0.0)
     if baseline is not None and not baseline.empty:
         lo, hi = min(lo, float(baseline["value"].min())), max(hi, float(baseline["value"].max()))
     if not hi > lo:
@@ -513,11 +518,11 @@ def histogram(
     bar_enc: dict[str, Any] = {"x": x, "y": alt.Y("count():Q", title="runs", axis=alt.Axis(tickMinStep=1))}
     if multi:
         bar_enc["color"] = alt.Color("point:N", title="grid point")
-    bars = alt.Chart(store.add(df)).mark_bar(opacity=0.8).encode(**bar_enc)
+    bars = alt.Chart(data).mark_bar(opacity=0.8).encode(**bar_enc)
     strip_enc = _run_encodings(sel, multi)
     strip_enc.pop("size")
     strip = (
-        alt.Chart(store.add(df))
+        alt.Chart(data)
         .mark_tick(thickness=2, size=14)
         .encode(
             x=alt.X("value:Q", scale=scale, title=f"{split} {metric} (one tick per seed)"),

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pandas as pd
+
 from analysis import verdict as vd
 from analysis.aggregates import AggregateResult
 from analysis.context import StudyContext
@@ -144,9 +146,10 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
         parts.append(f"<p class='hint'>Model: {html.escape(v.reason)}.</p>")
     if not v.shares.empty:
         t = v.shares.assign(
-            share=[vd.pct_interval(a, b, c) for a, b, c in v.shares[["between", "low", "high"]].to_numpy()],
-            icc=[vd.pct_interval(a, b, c) for a, b, c in v.shares[["icc1", "icc1_low", "icc1_high"]].to_numpy()],
-            seeds=v.shares["seeds_share"].map(lambda x: f"{vd.pct(x)}%"),
+            share=[vd.pct_interval(a, b, c) if pd.notna(a) else "no variance"
+                   for a, b, c in v.shares[["between", "low", "high"]].to_numpy()],
+            icc=[vd.pct_interval(a, b, c) if pd.notna(a) else "" for a, b, c in v.shares[["icc1", "icc1_low", "icc1_high"]].to_numpy()],
+            seeds=v.shares["seeds_share"].map(lambda x: f"{vd.pct(x)}%" if pd.notna(x) else ""),
         )  # fmt: skip
         parts.append(_html_table(t, [("split", "split"), ("configs", "configs"), ("seeds_min", "seeds (fewest)"),
                                      ("share", "between configs (omega², 95%)"), ("seeds", "seeds"),

@@ -21,21 +21,26 @@ import numpy as np
 import pandas as pd
 
 from analysis import seedcount as sc
-from analysis.charts import ChartData, TopChart
+from analysis.charts import ChartData, TopChart, wrapped
 from analysis.context import StudyContext
 
 Panels = list[tuple[str, Any, bool]]
 
 
-def _steps(curves: pd.DataFrame, end: float) -> pd.DataFrame:
+def _steps(curves: pd.DataFrame, end: float, level: float = 0.95) -> pd.DataFrame:
     """Per point, the KM table with a leading row at time 0 (nothing reached yet) and, where
     it ends before ``end`` (the budget), a trailing copy of its last row there: a step-after
     line and band are drawn up to the next row, so the last step (often the only one) had
-    no width and its band did not show."""
+    no width and its band did not show. The leading row's band is the exact bound of no
+    event among the n runs followed (:func:`analysis.survival.kaplan_meier`: at most
+    ``1 - ((1 - level) / 2) ** (1 / n)`` reached), as the table gives it before the first
+    event: a point whose runs were all censored at the budget (its only row) drew a flat 0
+    with no band, where its table says 0% [0, 17] for 20 runs."""
     parts = []
     for p, sub in curves.groupby("point", sort=False):
+        n = int(sub["at_risk"].iloc[0])
         start = pd.DataFrame({"point": [p], "time": [0.0], "reached": [0.0], "r_low": [0.0],
-                              "r_high": [0.0], "at_risk": [sub["at_risk"].iloc[0]],
+                              "r_high": [1 - ((1 - level) / 2) ** (1 / n)], "at_risk": [n],
                               "events": [0], "censored": [0]})  # fmt: skip
         body = sub.assign(r_low=1 - sub["high"], r_high=1 - sub["low"])[list(start.columns)]
         parts += [start, body]
@@ -45,16 +50,16 @@ def _steps(curves: pd.DataFrame, end: float) -> pd.DataFrame:
 
 
 def km_chart(
-    store: ChartData, curves: pd.DataFrame, label: str, unit: str, budget: float
+    store: ChartData, curves: pd.DataFrame, label: str, unit: str, budget: float, level: float = 0.95
 ) -> TopChart:
     """Kaplan-Meier curves of one event, one colour per grid point.
 
     ``curves``: :data:`analysis.survival.CURVE_COLUMNS` (point, time, at_risk, events,
     censored, survival, low, high, reached, reached_all). ``label``: the event
     (``val accuracy >= 0.5``); ``unit``: ``epoch`` or ``step``; ``budget``: the largest
-    budget, drawn as a dashed rule.
+    budget, drawn as a dashed rule; ``level``: the band's (:func:`_steps`).
     """
-    df = _steps(curves, budget)
+    df = _steps(curves, budget, level)
     color = alt.Color("point:N", title="grid point")
     x = alt.X("time:Q", title=unit, scale=alt.Scale(domainMin=0))
     tip = [alt.Tooltip("point:N"), alt.Tooltip("time:Q", title=unit),
@@ -93,18 +98,21 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
 
     ``table``: :func:`analysis.seedcount.seed_count_table` (point, split, n, sd,
     half_width_now, half_width, ...). A dashed rule marks the target half-width, a dot
-    each (point, split)'s present seeds and half-width.
+    each (point, split)'s present seeds and half-width. A (point, split) whose seeds all
+    agree (sd 0: its half-width is 0 at every n, which a log axis cannot place; one such
+    row left the whole chart without lines or ticks) is named in the subtitle instead.
     """
+    multi = table["point"].nunique() > 1
+    flat = table[table["sd"] == 0]
+    table = table[np.isfinite(table["sd"].astype(float)) & (table["sd"] > 0)]
     # the curves run past the most seeds any split needs, so each one crosses the target
     needed = pd.to_numeric(table["seeds_needed"], errors="coerce")
     needed = needed[np.isfinite(needed)]
-    top = int(min(sc.MAX_SEEDS, max(100, 2 * needed.max()))) if len(needed) else None
+    top = int(min(sc.MAX_SEEDS, max(100, 2 * needed.max()))) if len(needed) else 0
     rows = []
     for r in table.itertuples(index=False):
-        if not np.isfinite(r.sd):
-            continue
-        c = sc.curve_points(r.sd, int(r.n), top=max(100, 4 * int(r.n), top or 0)).assign(
-            group=f"{r.point}: {r.split}" if table["point"].nunique() > 1 else r.split
+        c = sc.curve_points(r.sd, int(r.n), top=max(100, 4 * int(r.n), top)).assign(
+            group=f"{r.point}: {r.split}" if multi else r.split
         )
         rows.append(c)
     curves = (
@@ -112,7 +120,7 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
         if rows
         else pd.DataFrame(columns=["n", "half_width", "group"])
     )
-    now = table.assign(group=[f"{p}: {s}" if table["point"].nunique() > 1 else s
+    now = table.assign(group=[f"{p}: {s}" if multi else s
                               for p, s in zip(table["point"], table["split"], strict=True)])  # fmt: skip
     color = alt.Color("group:N", title="split")
     x = seeds_axis("seeds", float(curves["n"].max()) if len(curves) else 100)
@@ -125,16 +133,18 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     ).encode(x="n:Q", y="half_width_now:Q", color=color,
              tooltip=["group:N", alt.Tooltip("n:Q", title="seeds now"),
                       alt.Tooltip("half_width_now:Q", format=".4f"), "seeds_needed:Q"])  # fmt: skip
-    target = float(table["half_width"].iloc[0])
+    target = float((table if not table.empty else flat)["half_width"].iloc[0])
     rule = (
         alt.Chart(store.add(pd.DataFrame({"h": [target]})))
         .mark_rule(strokeDash=[4, 3], color="#999")
         .encode(y="h:Q")
     )
+    same = [f"{p}: {s}" if multi else str(s) for p, s in zip(flat["point"], flat["split"], strict=True)]
+    note = wrapped(f"not drawn, every seed the same (sd 0): {', '.join(same)}", 300) if same else []
     title = alt.TitleParams(
         f"How many seeds: {metric} mean to +-{target:.3g}",
         subtitle=["t interval from this study's spread per split; dots: the seeds it has; "
-                  "dashed: the target"],
+                  "dashed: the target", *note],
     )  # fmt: skip
     return alt.layer(lines, dots, rule).properties(width=300, height=220, title=title)
 
@@ -203,7 +213,7 @@ def question_panels(ctx: StudyContext, store: ChartData, verdict: Any) -> Panels
     if verdict is None or verdict.metric is None:
         return out
     counts = study_seed_counts(ctx, verdict)
-    if not counts.table.empty and counts.table["sd"].notna().any():
+    if not counts.table.empty and (counts.table["sd"] > 0).any():  # else nothing to draw on a log axis
         out.append(("seed-count", seed_count_chart(store, counts.table, str(counts.metric)), False))
     if not counts.power.empty:
         out.append(("seed-power", power_chart(store, counts.power, str(counts.metric)), False))

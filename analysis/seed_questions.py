@@ -355,6 +355,25 @@ def _seed_values(ctx: StudyContext) -> dict[str, dict[int, tuple[Any, ...]]]:
     return out
 
 
+def _example_sets(ctx: StudyContext, splits: Sequence[str]) -> dict[tuple[str, str], str]:
+    """(point, split) -> a digest of its test examples (each ``example_id`` with its input
+    and target, from the predictions of its first seed): two configs share their examples
+    only where these agree (a grid over ``task.kind`` names different examples by the same
+    ids, on the same data seed)."""
+    if not splits:
+        return {}
+    marks = ",".join("?" * len(splits))
+    rows = ctx.con.execute(
+        "WITH first AS (SELECT trial_id, split, min(seed) AS seed FROM predictions WHERE study = ? "
+        f"AND split IN ({marks}) GROUP BY ALL) "
+        "SELECT p.trial_id, p.split, md5(string_agg(p.example_id::VARCHAR || chr(31) || coalesce(p.input, '') "
+        "|| chr(31) || coalesce(p.target, ''), chr(30) ORDER BY p.example_id)) "
+        "FROM predictions p JOIN first f USING (trial_id, split, seed) WHERE p.study = ? GROUP BY ALL",
+        [ctx.name, *splits, ctx.name],
+    ).fetchall()
+    return {(ctx.labels.get(tid, tid), str(split)): str(h) for tid, split, h in rows}
+
+
 def study_multiboot(
     ctx: StudyContext,
     *,
@@ -371,6 +390,7 @@ def study_multiboot(
     if points is not None:
         tables = {k: v for k, v in tables.items() if k[0] in points}
     seeds = _seed_values(ctx)
+    examples = _example_sets(ctx, ctx.test_splits)
     varied = [p for p, s in seeds.items() if len({v[3] for v in s.values()}) > 1]
     if varied:
         ctx.notes.append(
@@ -412,7 +432,8 @@ def study_multiboot(
                 if note not in ctx.notes:
                     ctx.notes.append(note)
             common = sorted(set(ta.examples) & set(tb.examples))
-            same_data = {v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
+            same_data = ({v[3] for v in seeds[pa].values()} == {v[3] for v in seeds[pb].values()}
+                         and examples.get((pa, split)) == examples.get((pb, split)))  # fmt: skip
             if same_data and common:
                 ia, ib = _positions(ta.examples, common), _positions(tb.examples, common)
                 add("configs", split, (pa, split), (pb, split), same_seeds, True, xa[:, ia], xb[:, ib])
@@ -533,12 +554,13 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
         m = qs.multiboot.assign(
             diff_ci=[_ci(a, b, c, ".4f") for a, b, c in zip(qs.multiboot["diff"], qs.multiboot["low"], qs.multiboot["high"], strict=True)]
         )[["kind", "where", "a", "b", "seeds_a", "seeds_b", "examples_a", "examples_b", "paired_seeds",
-           "mean_a", "mean_b", "diff_ci", "p", "warn"]]  # fmt: skip
+           "paired_examples", "mean_a", "mean_b", "diff_ci", "p", "warn"]]  # fmt: skip
         lines += [
             "",
             f"Multi-Bootstrap over seeds and test examples (share correct; {qs.n_boot} replicates, "
             "95% percentile interval, p: two-sided bootstrap share; configs: same examples drawn "
-            "for both, seeds together when both ran the same; splits: seeds together, examples per split)",
+            "for both where they share their test examples (paired_examples), seeds together when both ran "
+            "the same; splits: seeds together, examples per split)",
             text_table(m),
         ]
     return lines

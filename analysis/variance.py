@@ -303,8 +303,10 @@ def variance_share(
     nan = float("nan")
     method = "noncentral-F (Steiger 2004)" if model == "fixed" else "F (Shrout & Fleiss 1979)"
     if np.isnan(a.f_stat):
+        # no spread within configs: all of the variance lies between them, or there is none
+        # to share (every run the same value: NaN, not "0% between, the seeds 100%")
         degenerate = a.n_groups >= 2 and a.df_within > 0 and a.ms_within == 0
-        est = (1.0 if a.ms_between > 0 else 0.0) if degenerate else nan
+        est = (1.0 if a.ms_between > 0 else nan) if degenerate else nan
         return VarianceShare(model, est, est, est, level, "degenerate" if degenerate else method,
                              a.n, a.n_groups, a.k0, a.f_stat, a.p, a.var_between, a.var_within)  # fmt: skip
     F, dfb, dfw, N = a.f_stat, a.df_between, a.df_within, a.n

@@ -307,7 +307,7 @@ def grid_sentence(
     others = shares[shares["split"] != headline]
     if not others.empty:
         parts = ", ".join(
-            f"{x['split']} {pct(x['between'])}%" if pd.notna(x["F"]) else f"{x['split']} no variance"
+            f"{x['split']} {pct(x['between'])}%" if pd.notna(x["between"]) else f"{x['split']} no variance"
             for _, x in others.iterrows()
         )
         s += f" Other splits: {parts}."

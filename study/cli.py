@@ -300,8 +300,9 @@ def analyze(
     event: Annotated[
         list[str] | None,
         typer.Option("--event", help="Time to an event read from the learning curves, "
-                     "'[NAME:] SPLIT METRIC OP THRESHOLD' (e.g. 'val accuracy >= 0.5'; repeatable; "
-                     "replaces the task's declared events)."),
+                     "'[NAME:] SPLIT METRIC OP THRESHOLD [after SPLIT METRIC OP THRESHOLD]' (e.g. "
+                     "'val accuracy >= 0.5', 'groks: test accuracy >= 0.95 after train accuracy >= 0.99'; "
+                     "repeatable; replaces the task's declared events)."),
     ] = None,
     half_width: Annotated[
         float | None,

@@ -51,3 +51,28 @@ def test_many_splits_and_configs_stay_within_a_page() -> None:
     few = charts.split_distribution(charts.ChartData(), values[values["split"] == "len_1"], "exact",
                                     ["len_1"], multi=True)  # fmt: skip
     assert few.to_dict()["width"] == 220
+
+
+def _find(node: object, key: str) -> list:
+    """Every value under ``key`` anywhere in a spec."""
+    if isinstance(node, dict):
+        return ([node[key]] if key in node else []) + [v for x in node.values() for v in _find(x, key)]
+    if isinstance(node, list):
+        return [v for x in node for v in _find(x, key)]
+    return []
+
+
+def test_the_histogram_bins_every_run_as_the_chart_stores_it() -> None:
+    # test accuracies of 481 pairs (grokking_cpu, fraction 0.5): 200/481 = 0.415800415800416 is
+    # stored with 12 digits as 0.4158004158, below the exact minimum; Vega's bin sends a value
+    # below the first edge to -Infinity, so the lowest run had no bar
+    values = pd.DataFrame({"trial_id": "t", "point": "default", "seed": [0, 1, 2, 3],
+                           "value": [200 / 481, 236 / 481, 347 / 481, 458 / 481]})  # fmt: skip
+    store = charts.ChartData()
+    spec = charts.histogram(store, values, "test", "accuracy", multi=False).to_dict()
+    (extent,) = [b["extent"] for b in _find(spec, "bin") if isinstance(b, dict) and "extent" in b]
+    (name,) = {d["name"] for d in _find(spec, "data") if isinstance(d, dict) and "name" in d}
+    stored = [r["value"] for r in store.values[name]]
+    assert stored[0] < 200 / 481  # the rounding that hid the bar
+    # Vega's bin: v < start -> -Infinity, v > stop -> +Infinity (no bar); every run inside
+    assert all(extent[0] <= v <= extent[1] for v in stored), (extent, stored)

@@ -142,6 +142,51 @@ def test_report_draws_km_and_seed_count_charts(out: Path) -> None:
         assert all(str(t)[0] in "125" and set(str(t)[1:]) <= {"0"} for t in ticks)
 
 
+def test_the_seed_count_chart_leaves_out_splits_where_every_seed_agrees() -> None:
+    # a length study: every mode seed has exact 1.0 on len_15 (sd 0, a half-width of 0 at
+    # every n); on a log axis that 0 left the whole chart without lines or ticks
+    import pandas as pd
+
+    from analysis import seedcount as sc
+    from analysis.charts import ChartData
+    from analysis.seed_charts import seed_count_chart
+
+    values = pd.DataFrame({"point": ["kind=mode"] * 3 + ["kind=count"] * 3, "split": "len_15",
+                           "value": [1.0, 1.0, 1.0, 0.2, 0.3, 0.25]})  # fmt: skip
+    table = sc.seed_count_table(values, half_width_target=0.02, difference=0.05)
+    assert table.set_index("point").loc["kind=mode", "sd"] == 0
+    store = ChartData()
+    spec = store.embed(seed_count_chart(store, table, "exact").to_dict())
+    widths = [r[c] for rows in spec["datasets"].values() for r in rows
+              for c in ("half_width", "half_width_now") if c in r]  # fmt: skip
+    assert widths and all(w > 0 for w in widths)  # every value a log axis can place
+    groups = {r["group"] for rows in spec["datasets"].values() for r in rows if "group" in r}
+    assert groups == {"kind=count: len_15"}
+    assert "not drawn, every seed the same (sd 0): kind=mode: len_15" in " ".join(spec["title"]["subtitle"])
+
+
+def test_multiboot_pairs_examples_only_between_configs_of_one_task(tmp_path: Path) -> None:
+    # a grid over task.kind (count, mode) on one data seed: example 3 of count's len_15 is
+    # not example 3 of mode's, so each config draws its own examples; a grid over train.lr
+    # (the same examples) shares them
+    import pandas as pd
+
+    out = tmp_path / "results"
+    for name in ("kinds", "lrs"):
+        write_demo_study(out, name, n_seeds=4, points=[{"p": 0}, {"p": 1}], seed=5)
+    for path in (out / "tables" / "predictions" / "study=kinds").glob("kinds-t01-*.parquet"):
+        t = pq.read_table(path).to_pandas()  # the second task's inputs and targets
+        t = t.assign(input="mode " + t["input"], target="m" + t["target"], prediction="m" + t["prediction"])
+        pq.write_table(pq.read_table(path).from_pandas(t, preserve_index=False), path)
+    rows = {name: pd.DataFrame(json.loads(analyze(out, name, "json", n_boot=100))["multi_bootstrap"]["rows"])
+            for name in ("kinds", "lrs")}  # fmt: skip
+    configs = {name: r[r["kind"] == "configs"] for name, r in rows.items()}
+    assert len(configs["kinds"]) == len(configs["lrs"]) == 3  # the three test splits
+    assert not configs["kinds"]["paired_examples"].any() and configs["kinds"]["paired_seeds"].all()
+    assert configs["lrs"]["paired_examples"].all()
+    assert "paired_examples" in analyze(out, "kinds", "table", n_boot=100)
+
+
 def test_symbol_rewriting_declares_when_it_learns() -> None:
     from analysis.survival import event_from_declaration
     from trainables.tasks.symbol_rewriting import SymbolRewriting, SymbolRewritingConfig
@@ -163,3 +208,26 @@ def test_tuning_study_speaks_about_winner_and_runner_up(tmp_path: Path) -> None:
     rows = doc["multi_bootstrap"]["rows"]
     assert rows and {r["a"] for r in rows if r["kind"] == "configs"} <= pair
     assert {r["where"] for r in rows if r["kind"] == "splits"} == pair
+
+
+def test_the_km_chart_bands_the_runs_censored_at_the_budget() -> None:
+    # 20 runs, none grokked by the budget 3000 (grokking_cpu at fraction 0.4): the table says
+    # 0% reached, at most 16.8% (exact bound); the chart drew a flat 0 without a band
+    import pandas as pd
+    from scipy import stats as sps
+
+    from analysis import survival as sv
+    from analysis.charts import ChartData
+    from analysis.seed_charts import km_chart
+
+    outcomes = pd.DataFrame({"point": "p", "trial_id": "t", "seed": range(20), "status": "ok", "time": 3000.0,
+                             "last_time": 3000.0, "budget": 3000.0, "outcome": "budget"})  # fmt: skip
+    summary, curves = sv.event_summary(outcomes)
+    high = sps.binomtest(0, 20).proportion_ci(method="exact").high
+    assert summary["reached_high"].iloc[0] == pytest.approx(high)
+    store = ChartData()
+    spec = store.embed(km_chart(store, curves, "groks", "step", 3000.0).to_dict())
+    (rows,) = [r for r in spec["datasets"].values() if r and "r_high" in r[0]]
+    # step-after from 0 to the budget: the band the table gives, then the budget's own row
+    assert [(r["time"], r["reached"], r["r_low"]) for r in rows] == [(0, 0, 0), (3000, 0, 0)]
+    assert [r["r_high"] for r in rows] == pytest.approx([high, high], abs=1e-9)

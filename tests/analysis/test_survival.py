@@ -208,3 +208,17 @@ def test_restricted_times_and_their_seed_sources_by_hand() -> None:
     assert event_sources(same[same["outcome"] != "diverged"], runs).empty
     # one source varied alone: nothing to split
     assert event_sources(outcomes[outcomes["trial_id"] == "i"], runs).empty
+
+
+def test_the_documented_after_form_is_grokkings_declared_event() -> None:
+    # docs/analysis.md gives the form with its precondition; it must read as the task declares it
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text()
+    text = re.search(r'--event "(groks: [^"]*)"', " ".join(doc.split()))
+    assert text, "docs/analysis.md gives no --event example with 'after'"
+    from trainables.tasks.modular import ModularArithmetic, ModularConfig
+
+    declared = ModularArithmetic(ModularConfig()).analysis()["events"][1]
+    assert sv.parse_event(text.group(1)) == sv.event_from_declaration(declared, "events[1]")

@@ -277,6 +277,22 @@ def test_grid_sentence_of_a_metric_every_run_scores_the_same() -> None:
     assert s.startswith("The grid point (train.lr) explains") and "Best:" in s
 
 
+def test_splits_without_spread_within_configs_are_all_between_or_have_no_share() -> None:
+    # length studies: count scores 0 and mode 1 on len_20 in every seed (no spread within a
+    # config: every bit of the variance lies between them); on len_21 every run scores 0
+    # (no variance at all: nothing to share out, not "0% between, the seeds 100%")
+    v = pd.DataFrame({"trial_id": ["a"] * 3 + ["b"] * 3, "point": ["kind=count"] * 3 + ["kind=mode"] * 3})
+    df = pd.concat([v.assign(split="band", value=[0.1, 0.2, 0.15, 1.0, 0.95, 0.97]),
+                    v.assign(split="len_20", value=[0.0] * 3 + [1.0] * 3),
+                    v.assign(split="len_21", value=[0.0] * 6)])  # fmt: skip
+    shares = grid_shares(df, ["band", "len_20", "len_21"]).set_index("split")
+    assert shares.loc["len_20", ["between", "low", "high", "seeds_share"]].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert shares.loc["len_21", ["between", "low", "high", "seeds_share", "icc1"]].isna().all()
+    s = grid_sentence(shares.reset_index(), compare_configs(df, ["band", "len_20", "len_21"], n_boot=100),
+                      "exact", "the grid point (task.kind)", "band")  # fmt: skip
+    assert "Other splits: len_20 100%, len_21 no variance." in s
+
+
 def test_a_one_config_sentence_gives_the_seed_spread() -> None:
     from analysis.verdict import seed_spread_sentence
 
