@@ -6,6 +6,9 @@ to highlight that seed in every chart of the report; double-click to clear). Whe
 study has several grid points, marks are coloured by ``point``.
 
 The DataFrames come from :mod:`analysis.queries`; column names are stated per function.
+Learning curves are in :mod:`analysis.curve_charts`, charts that compare configs in
+:mod:`analysis.compare_charts`, the seed questions' in :mod:`analysis.seed_charts`.
+
 Every function takes a :class:`ChartData` that holds the rows; :meth:`ChartData.embed`
 puts them into the finished spec, so charts have no row limit and need no server.
 """
@@ -18,7 +21,7 @@ import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
 import altair as alt
 import numpy as np
@@ -115,7 +118,7 @@ def _run_encodings(sel: alt.Parameter, multi: bool) -> dict[str, Any]:
     return enc
 
 
-def _run_tooltip(*extra: alt.Tooltip | str) -> list[Any]:
+def run_tooltip(*extra: alt.Tooltip | str) -> list[Any]:
     return [
         alt.Tooltip("seed:O", title="seed"),
         alt.Tooltip("trial_id:N", title="config (trial_id)"),
@@ -165,7 +168,7 @@ def split_distribution(
         .encode(
             **dot_enc,
             **_run_encodings(sel, multi),
-            tooltip=_run_tooltip("split:N", "role:N", alt.Tooltip("value:Q", format=".4g")),
+            tooltip=run_tooltip("split:N", "role:N", alt.Tooltip("value:Q", format=".4g")),
         )
         .add_params(sel)
     )
@@ -241,7 +244,7 @@ def _scatter_with_fit(
             x=alt.X("x:Q", title=x_title, scale=alt.Scale(zero=False)),
             y=alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False)),
             **_run_encodings(sel, multi),
-            tooltip=_run_tooltip(
+            tooltip=run_tooltip(
                 *(f"{c}:Q" for c in extra_tooltip),
                 alt.Tooltip("x:Q", title=x_title, format=".4g"),
                 alt.Tooltip("y:Q", title=y_title, format=".4g"),
@@ -321,7 +324,7 @@ def subset_strip(
             color=alt.Color("runs:N", title=subset, scale=alt.Scale(domain=["kept", "other"],
                                                                     range=["#1f77b4", "#bbbbbb"])),
             **enc,
-            tooltip=_run_tooltip("runs:N", alt.Tooltip("value:Q", format=".4g")),
+            tooltip=run_tooltip("runs:N", alt.Tooltip("value:Q", format=".4g")),
         )
         .add_params(sel)
     )
@@ -364,120 +367,6 @@ def seed_scatter(
         else [],
     )
     return _scatter_with_fit(store, pairs, fits, x_label, y_label, title, multi=multi)
-
-
-def _curve_panel(
-    store: ChartData,
-    agg: pd.DataFrame,
-    per_seed: pd.DataFrame | None,
-    metric: str,
-    color: alt.Color,
-    title: str | alt.TitleParams,
-    unit: str = "step",
-) -> TopChart:
-    """Bands (``low``-``high``), mean lines and selectable per-seed lines of one curve panel."""
-    cols = [c for c in ("point", "split", "step", "mean", "low", "high", "count") if c in agg]
-    # steps and epochs are whole numbers: no 1.5-epoch ticks
-    x = alt.X("step:Q", title=unit, axis=alt.Axis(tickMinStep=1, format=",d"))
-    base = alt.Chart(store.add(agg[cols])).encode(x=x, color=color)
-    band = base.mark_area(opacity=0.18).encode(y=alt.Y("low:Q", title=metric), y2="high:Q")
-    tooltip: list[Any] = [
-        alt.Tooltip("point:N", title="point"),
-        "split:N",
-        alt.Tooltip("step:Q", title=unit),
-        alt.Tooltip("mean:Q", format=".4g"),
-        alt.Tooltip("low:Q", format=".4g", title="band low"),
-        alt.Tooltip("high:Q", format=".4g", title="band high"),
-    ]
-    if "count" in agg:
-        tooltip.append(alt.Tooltip("count:Q", title="seeds"))
-    line = base.mark_line().encode(y="mean:Q", detail="point:N", tooltip=tooltip)
-    layers: list[alt.Chart] = [band, line]
-    if per_seed is not None:
-        sel = seed_selection()
-        s = per_seed[["trial_id", "point", "seed", "split", "step", "value"]]
-        seeds = (
-            alt.Chart(store.add(s))
-            .mark_line(strokeWidth=1.5)
-            .encode(
-                x=x,
-                y="value:Q",
-                color=color,
-                detail=["trial_id:N", "seed:N"],
-                opacity=alt.when(sel, empty=False).then(alt.value(0.95)).otherwise(alt.value(0)),
-                tooltip=_run_tooltip("split:N", "step:Q", alt.Tooltip("value:Q", format=".4g")),
-            )
-            .add_params(sel)
-        )
-        layers.append(seeds)
-    return alt.layer(*layers).properties(width=CURVE_WIDTH, height=220, title=title)
-
-
-def learning_curves(
-    store: ChartData,
-    agg: pd.DataFrame,
-    per_seed: pd.DataFrame | None,
-    metric: str,
-    splits: Sequence[str],
-    *,
-    per_row: int = 3,
-    band: str = "95% bootstrap band",
-    unit: str = "step",
-    definition: str | None = None,
-) -> TopChart:
-    """Mean of ``metric`` over a fixed set of seeds with a band, per split and grid point.
-
-    ``band`` names what ``low``-``high`` is (e.g. ``95% bootstrap band`` or ``min-max``);
-    ``unit``: what the x axis counts (``step``, or ``epoch``); ``definition``: the
-    metric's definition, shown under the title.
-
-    One grid point: one panel, one band per split. Several grid points: one panel per
-    split (``per_row`` to a row) with one band per point, so points (e.g. ``task.setting``
-    A and B) are compared at each step on the same axes. The panels share one y axis when
-    every value lies in [0, 1] (a rate such as accuracy, read against 0-1 everywhere);
-    otherwise (a loss) each split gets its own, so a split whose values are 10x smaller
-    is not drawn flat. Legend swatches are the mean lines, not the pale bands.
-
-    ``agg``: columns point, split, step (the x value, in ``unit``), mean, low, high, and
-    optionally count (seeds at that step); one row per (point, split, step). ``per_seed`` (optional): columns
-    trial_id, point, seed, split, step, value; drawn as thin lines that appear when their
-    seed is selected.
-    """
-    points = sorted(set(agg["point"]))
-    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=2.5)
-    if len(points) == 1:
-        color = alt.Color("split:N", sort=list(splits), title="split", legend=legend)
-        sub = wrapped(definition, CURVE_WIDTH) if definition else []
-        title = alt.TitleParams(
-            f"{metric} learning curves: mean and {band} over seeds", subtitle=sub
-        )
-        return _curve_panel(store, agg, per_seed, metric, color, title, unit)
-    color = alt.Color("point:N", scale=alt.Scale(domain=points), title="grid point", legend=legend)
-    values = agg[["low", "high", "mean"]].to_numpy(dtype=float)
-    values = values[np.isfinite(values)]
-    y: Literal["shared", "independent"] = (
-        "shared" if values.size and values.min() >= 0 and values.max() <= 1 else "independent"
-    )
-    shown = [s for s in splits if s in set(agg["split"])]
-    shown += sorted(set(agg["split"]) - set(shown))
-    panels: list[Any] = []
-    for split in shown:
-        seeds = None if per_seed is None else per_seed[per_seed["split"] == split]
-        # a short title: a panel's title wider than the panel widens the row past the page
-        sub = wrapped(f"mean and {band}" + (f"; {metric}: {definition}" if definition and not panels else ""),
-                      CURVE_WIDTH)  # fmt: skip
-        title = alt.TitleParams(f"{split} {metric} per grid point", subtitle=sub)
-        panels.append(
-            _curve_panel(store, agg[agg["split"] == split], seeds, metric, color, title, unit)
-        )
-    with merging_selections():
-        rows = [
-            alt.hconcat(*panels[i : i + per_row]).resolve_scale(y=y, color="shared")
-            for i in range(0, len(panels), per_row)
-        ]
-        if len(rows) == 1:
-            return rows[0]
-        return alt.vconcat(*rows).resolve_scale(y=y, color="shared")
 
 
 def histogram(
@@ -527,7 +416,7 @@ def histogram(
         .encode(
             x=alt.X("value:Q", scale=scale, title=f"{split} {metric} (one tick per seed)"),
             **strip_enc,
-            tooltip=_run_tooltip(alt.Tooltip("value:Q", format=".4g")),
+            tooltip=run_tooltip(alt.Tooltip("value:Q", format=".4g")),
         )
         .add_params(sel)
     )
@@ -567,57 +456,6 @@ def regression_chart(
         store, pairs, fits, x_label, y_label, title, multi=multi, extra_tooltip=extra,
         baseline=baseline,
     )  # fmt: skip
-
-
-def objective_by_trial(
-    store: ChartData, trials: pd.DataFrame, *, maximize: bool = True
-) -> TopChart:
-    """Tuning: objective of each candidate (Optuna trial) in start order, with the running best.
-
-    ``trials``: columns trial_number, trial_id, seeds, objective (NULL rows dropped).
-    """
-    df = trials.dropna(subset=["objective"])[["trial_number", "trial_id", "seeds", "objective"]]
-    best = df["objective"].cummax() if maximize else df["objective"].cummin()
-    df = df.assign(best=best)
-    base = alt.Chart(store.add(df)).encode(x=alt.X("trial_number:Q", title="candidate (start order)"))
-    dots = base.mark_circle(size=60).encode(
-        y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
-        tooltip=[
-            alt.Tooltip("trial_id:N", title="config (trial_id)"),
-            alt.Tooltip("seeds:N", title="seeds"),
-            "trial_number:Q",
-            alt.Tooltip("objective:Q", format=".4g"),
-        ],
-    )
-    line = base.mark_line(interpolate="step-after", color="#999").encode(
-        y=alt.Y("best:Q", title="objective")
-    )
-    title = f"Objective by candidate (line: best so far, {'max' if maximize else 'min'}imized)"
-    return alt.layer(line, dots).properties(width=320, height=220, title=title)
-
-
-def objective_by_param(store: ChartData, trials: pd.DataFrame, params: Sequence[str]) -> TopChart:
-    """Tuning: objective against each ``param_*`` column (one panel per parameter)."""
-    df = trials.dropna(subset=["objective"])
-    panels = []
-    for p in params:
-        sub = df[["trial_number", "trial_id", "seeds", "objective", p]].rename(columns={p: "param"})
-        panels.append(
-            alt.Chart(store.add(sub))
-            .mark_circle(size=60)
-            .encode(
-                x=alt.X("param:Q", title=p.removeprefix("param_"), scale=alt.Scale(zero=False)),
-                y=alt.Y("objective:Q", scale=alt.Scale(zero=False)),
-                tooltip=[
-                    alt.Tooltip("trial_id:N", title="config (trial_id)"),
-                    alt.Tooltip("seeds:N", title="seeds"),
-                    alt.Tooltip("param:Q", title=p, format=".4g"),
-                    alt.Tooltip("objective:Q", format=".4g"),
-                ],
-            )
-            .properties(width=220, height=200, title=f"Objective vs {p.removeprefix('param_')}")
-        )
-    return alt.hconcat(*panels)
 
 
 def decision_boundary(
@@ -704,64 +542,6 @@ def decision_boundary(
             facet=alt.Facet("seed:O", title="seed"), columns=max(1, min(columns, n_seeds))
         )
     return chart.properties(title=title)
-
-
-def improvement_chart(
-    store: ChartData, comparisons: pd.DataFrame, split: str, metric: str
-) -> TopChart:
-    """rliable-style probability of improvement: one bar per config pair, P(a run of
-    ``better`` beats one of ``worse``) with its 95% bootstrap interval, on [0, 1].
-
-    ``comparisons``: rows of :func:`analysis.verdict.compare_configs` for one split
-    (columns better, worse, a12, a12_low, a12_high, p_holm, warn).
-    """
-    df = comparisons[["better", "worse", "a12", "a12_low", "a12_high", "p_holm", "warn"]].copy()
-    df["pair"] = df["better"].astype(str) + " vs " + df["worse"].astype(str)
-    y = alt.Y("pair:N", sort=list(df["pair"]), title=None)
-    scale = alt.Scale(domain=[0, 1])
-    tip = ["pair:N", alt.Tooltip("a12:Q", format=".3f", title="P(improvement)"),
-           alt.Tooltip("a12_low:Q", format=".3f", title="95% low"),
-           alt.Tooltip("a12_high:Q", format=".3f", title="95% high"),
-           alt.Tooltip("p_holm:Q", format=".2g", title="Holm p"), "warn:N"]  # fmt: skip
-    base = alt.Chart(store.add(df)).encode(y=y)
-    bars = base.mark_bar(height=10, opacity=0.35, color="#4c78a8").encode(
-        x=alt.X("a12_low:Q", scale=scale, title="P(X > Y)"), x2="a12_high:Q", tooltip=tip
-    )
-    dots = base.mark_point(filled=True, color="black", size=50).encode(x="a12:Q", tooltip=tip)
-    half = alt.Chart(store.add(pd.DataFrame({"x": [0.5]}))).mark_rule(
-        strokeDash=[4, 3], color="#999"
-    )
-    title = alt.TitleParams(
-        f"Probability of improvement: {split} {metric}",
-        subtitle=["P(a run of X beats a run of Y), 95% bootstrap interval; 0.5: no difference"],
-    )
-    return alt.layer(half.encode(x="x:Q"), bars, dots).properties(
-        width=300, height=max(60, 26 * len(df)), title=title
-    )
-
-
-def performance_profile_chart(
-    store: ChartData, profile: pd.DataFrame, split: str, metric: str, *, higher_is_better: bool
-) -> TopChart:
-    """rliable-style performance profile: per config, the fraction of runs scoring above
-    tau (below, for a loss) against tau. ``profile``: columns point, tau, fraction
-    (:func:`analysis.bands.performance_profile`)."""
-    word = "above" if higher_is_better else "below"
-    chart = (
-        alt.Chart(store.add(profile))
-        .mark_line(interpolate="step-after" if higher_is_better else "step-before")
-        .encode(
-            x=alt.X("tau:Q", title=f"{split} {metric} threshold tau", scale=alt.Scale(zero=False),
-                    axis=alt.Axis(tickCount=6)),  # 300 px: ten ticks' labels run together
-            y=alt.Y("fraction:Q", title=f"fraction of runs {word} tau", scale=alt.Scale(domain=[0, 1])),
-            color=alt.Color("point:N", title="grid point"),
-            tooltip=[alt.Tooltip("point:N"), alt.Tooltip("tau:Q", format=".4g"),
-                     alt.Tooltip("fraction:Q", format=".3f")],
-        )
-    )  # fmt: skip
-    return chart.properties(
-        width=300, height=220, title=f"Performance profile: {split} {metric} (runs per config)"
-    )
 
 
 HEADER_CHARS = 150

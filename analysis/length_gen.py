@@ -277,7 +277,7 @@ def by_length_chart(
         x=x, y=alt.Y("value:Q", title=f"{metric} ({what})", scale=alt.Scale(domain=[0, 1])),
         detail=["trial_id:N", "seed:O"], color=color,
         opacity=alt.when(sel).then(alt.value(0.45)).otherwise(alt.value(0.08)),
-        tooltip=charts._run_tooltip("length:Q", alt.Tooltip("value:Q", format=".3f")),
+        tooltip=charts.run_tooltip("length:Q", alt.Tooltip("value:Q", format=".3f")),
     ).add_params(sel)  # fmt: skip
     mean = base.mark_line(strokeWidth=3).encode(x=x, y="mean(value):Q", color=color)
     rules = [alt.Chart(store.add(pd.DataFrame({"y": [level]}))).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")]

@@ -38,7 +38,7 @@ from typing import Any
 
 import altair as alt
 
-from analysis import bands, charts
+from analysis import bands, charts, compare_charts, curve_charts
 from analysis import queries as q
 from analysis import verdict as vd
 from analysis.aggregates import StudyAggregates, study_aggregates
@@ -135,9 +135,9 @@ def _curves(
     args = dict(band=name, unit=unit, definition=definition(ctx, metric))
     if len(per_seed) > MAX_SEED_CURVE_ROWS:
         ctx.notes.append(f"{metric} curves: per-seed lines left out ({len(per_seed)} rows)")
-        chart = charts.learning_curves(store, agg, None, metric, ctx.splits, **args)  # type: ignore[arg-type]
+        chart = curve_charts.learning_curves(store, agg, None, metric, ctx.splits, **args)  # type: ignore[arg-type]
     else:
-        chart = charts.learning_curves(store, agg, per_seed, metric, ctx.splits, **args)  # type: ignore[arg-type]
+        chart = curve_charts.learning_curves(store, agg, per_seed, metric, ctx.splits, **args)  # type: ignore[arg-type]
     return Panel(f"curves-{metric}", chart, wide=agg["point"].nunique() > 1)
 
 
@@ -149,14 +149,14 @@ def _verdict_charts(ctx: StudyContext, store: charts.ChartData, v: vd.Verdict) -
     out = []
     cmp = v.comparisons[v.comparisons["split"] == split]
     if not cmp.empty:
-        out.append(Panel("improvement", charts.improvement_chart(store, cmp, split, v.metric)))
+        out.append(Panel("improvement", compare_charts.improvement_chart(store, cmp, split, v.metric)))
     e = ctx.evals
     ok = e[e["status"].fillna("ok") == "ok"]
     vals = axis_values(ok, v.axis) if v.axis else ok.iloc[0:0]
     vals = vals[vals["split"] == split]
     prof = bands.performance_profile(vals, higher_is_better=v.higher_is_better)
     if not prof.empty:
-        chart = charts.performance_profile_chart(
+        chart = compare_charts.performance_profile_chart(
             store, prof, split, v.metric, higher_is_better=v.higher_is_better
         )
         out.append(Panel("performance-profile", chart))
@@ -254,14 +254,14 @@ def build_charts(
     has_objective = bool(trials["objective"].notna().any())
     if has_objective:
         out.append(
-            Panel("objective", charts.objective_by_trial(store, trials, maximize=_maximize(ctx)))
+            Panel("objective", compare_charts.objective_by_trial(store, trials, maximize=_maximize(ctx)))
         )
         params = [c for c in trials.columns if c.startswith("param_") and trials[c].notna().any()]
         if params:
             out.append(
                 Panel(
                     "objective-params",
-                    charts.objective_by_param(store, trials, params),
+                    compare_charts.objective_by_param(store, trials, params),
                     wide=len(params) > 1,
                 )
             )

@@ -229,7 +229,8 @@ def test_learning_curves_compare_settings_per_split(out: Path, report: Report) -
 
 def test_loss_panels_get_their_own_y_axis() -> None:
     """Rates in [0, 1] share one y axis across splits; a loss gets one per split."""
-    from analysis.charts import ChartData, learning_curves
+    from analysis.charts import ChartData
+    from analysis.curve_charts import learning_curves
 
     def agg(scale: float) -> pd.DataFrame:
         rows = [(p, s, step, m * scale, m * scale * 0.9, m * scale * 1.1)
