@@ -89,7 +89,8 @@ def km_chart(
         subtitle=[f"share of runs that reached it by each {unit}, 95% log-log band; ticks: "
                   "censored runs; dashed: the budget; diverged runs left out"],
     )  # fmt: skip
-    layers = [band, line, *([ticks] if (df["censored"] > 0).any() else []), rule]  # an empty layer: Vega warns
+    # the budget rule under the line and ticks: runs censored at the budget sit on it
+    layers = [band, rule, line, *([ticks] if (df["censored"] > 0).any() else [])]  # an empty layer: Vega warns
     return alt.layer(*layers).properties(width=300, height=220, title=title)
 
 
