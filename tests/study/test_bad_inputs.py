@@ -348,6 +348,12 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("resume-damaged-list", _with_out(_damaged(b"[1, 2]"), "resume", "s"), "study.json is damaged"),
     ("resume-manifest-folder", _with_out(_damaged(None), "resume", "s"), "study.json is damaged"),
     ("status-damaged-json", _with_out(_damaged(b""), "status", "s"), "study.json is damaged"),
+    # the analysis side (ls, analyze, report: analysis.manifest.load_manifest) reads manifests
+    # too: not UTF-8 was a UnicodeDecodeError traceback, and its fix said "the study rewrites
+    # it on its next run" (study run refuses a damaged one)
+    ("ls-damaged-binary", _with_out(_damaged(b"\xff\xfe{}"), "ls"), "Fix: restore "),
+    ("ls-damaged-truncated", _with_out(_damaged(b'{"name": "s", "con'), "ls"), "Fix: restore "),
+    ("ls-damaged-list", _with_out(_damaged(b"[1, 2]"), "ls"), "Fix: restore "),
     ("unknown-command", lambda tmp: ["nosuch"], "nosuch"),
 ]
 
