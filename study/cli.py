@@ -404,13 +404,14 @@ def check(
     names = [name] if name is not None else studies(out)
     if name is not None and name not in studies(out):
         _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
-    rows, lines, damaged = [], [], False
+    rows, lines, damaged, repairable = [], [], False, False
     for study_name in names:
         if not repair:
             found = check_study(out, study_name)
             rows += [d.as_dict() for d in found.damage]
             lines.append(found.summary())
             damaged |= bool(found.damage)
+            repairable |= found.repairable
             continue
         done = repair_study(out, study_name, address, num_cpus)
         rows += [d.as_dict() for d in done.before.damage]
@@ -430,7 +431,7 @@ def check(
         if rows:
             typer.echo(format_rows(rows, fmt, columns=list(COLUMNS)))
         typer.echo("\n".join(lines))
-        if damaged and not repair:
+        if repairable and not repair:
             which = f" {name}" if name is not None else ""
             typer.echo(f"Fix: study check{which} --repair --out {out} (moves the damaged files to "
                        "OUT/NAME/quarantine/, then runs those runs and evaluations again)")
