@@ -83,7 +83,9 @@ class StopSignals:
             if callable(tune_stop):
                 console.print(
                     f"{signal.Signals(signum).name}: stopping the study (committed seeds are kept); "
-                    "send it again to stop at once"
+                    "send it again to stop at once",
+                    soft_wrap=True,
+                    highlight=False,
                 )
                 tune_stop(signal.SIGUSR1, frame)
                 return
