@@ -181,6 +181,21 @@ def local_gpus() -> int:
         return 0
 
 
+def check_no_ray_address() -> None:
+    """A local Ray is asked for (no ``--address``) but ``RAY_ADDRESS`` is set: Ray's
+    ``ray.init`` would connect to that instead (and refuse ``num_cpus`` with a traceback),
+    whatever fineline asks, so the study says which one it means before Ray starts."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        raise ConfigError(
+            "RAY_ADDRESS",
+            f"the environment sets RAY_ADDRESS={env[:80]!r}, which Ray would connect to instead of "
+            "the local Ray a study without --address starts",
+            f"pass --address {env[:80]} to run on that cluster, or unset RAY_ADDRESS (`env -u RAY_ADDRESS "
+            "study ...`) for a local Ray",
+        )
+
+
 def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None) -> None:
     """Resources a trial asks for that a local Ray can never give fail now (Ray would wait
     forever); with ``--address`` the address is checked (:func:`check_address`) and the
@@ -189,6 +204,7 @@ def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None)
     if address is not None:  # an empty --address is refused, not taken for a local Ray
         check_address(address)
         return
+    check_no_ray_address()
     cpus = num_cpus or default_cpus()
     if ex.cpus_per_trial > cpus:
         raise ConfigError(

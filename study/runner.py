@@ -154,6 +154,9 @@ def ray_session(
         private_token()
         with loopback_only():
             ray.init(
+                # "local": a new local Ray, never the cluster of an earlier `ray start` on this
+                # machine (/tmp/ray/ray_current_cluster), which address=None would join
+                address="local",
                 num_cpus=num_cpus or default_cpus(),
                 include_dashboard=False,
                 logging_level=logging.ERROR,

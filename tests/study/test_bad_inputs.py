@@ -370,6 +370,20 @@ def test_bad_arguments_are_refused(
     assert rc == 2, line
 
 
+def test_ray_address_in_the_environment_without_address_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAY_ADDRESS makes ray.init join that cluster whatever a local study asks (it raised
+    "num_cpus must not be provided" with a traceback): refused before Ray, naming both ways."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    out = tmp_path / "results"
+    tuning = write(tmp_path, {**TINY, "tune": {"space": {"train.lr": {"low": 0.01, "high": 1.0}}}}, "tune.yaml")
+    for argv in (["run", str(write(tmp_path, TINY))], ["tune", str(tuning)]):
+        rc, err = run_cli([*argv, "--out", str(out), "--num-cpus", "1"], capsys)
+        line = check_refused(rc, err, "error: RAY_ADDRESS: ", out, None)
+        assert rc == 2 and "--address 127.0.0.1:6390" in line and "unset RAY_ADDRESS" in line, line
+
+
 # --------------------------------------------------------------------------- data files
 def _dyck(tmp: Path, corrupt: Callable[[Path], None]) -> dict[str, Any]:
     folder = tmp / "dyck"

@@ -136,3 +136,32 @@ def test_user_switch_keeps_ray_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(preflight.LOOPBACK_ENV, "1")
     with preflight.loopback_only():
         assert os.environ[preflight.LOOPBACK_ENV] == "1"
+
+
+LOCAL_PROBE = """
+import json, sys
+from study.runner import ray_session
+with ray_session(None, 1) as resources:
+    print(json.dumps({"cpus": resources.get("CPU")}))
+"""
+
+
+def test_a_local_ray_ignores_the_cluster_of_an_earlier_ray_start() -> None:
+    """``ray start`` leaves its address in ``<ray temp dir>/ray_current_cluster``; a study
+    without --address must start its own Ray, not join that cluster (``ray.init()`` without
+    an address did, and then refused ``num_cpus`` with a ValueError traceback)."""
+    import shutil
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="flr", dir="/tmp"))  # Ray's socket paths must stay short
+    try:
+        (short / "ray").mkdir()
+        (short / "ray" / "ray_current_cluster").write_text("192.0.2.2:6391")  # TEST-NET: nothing there
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "HOME")}
+        env |= {"RAY_TMPDIR": str(short), "RAY_USAGE_STATS_ENABLED": "0"}
+        res = subprocess.run([sys.executable, "-c", LOCAL_PROBE], capture_output=True, text=True, env=env,
+                             timeout=300, cwd=short)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert json.loads(res.stdout.strip().splitlines()[-1]) == {"cpus": 1.0}
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
