@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -171,6 +172,10 @@ def set_dotted(d: dict[str, Any], path: str, value: Any, where: str | None = Non
     cur[parts[-1]] = value
 
 
+MAX_GRID_POINTS = 10_000
+"""Most configs (grid points) one study may have."""
+
+
 def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(point values, raw config of that point) for every grid point (one if no grid)."""
     grid = raw.get("grid") or {}
@@ -195,6 +200,14 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
             raise ConfigError(f"grid.{path}", "needs a non-empty list of values or a mapping value -> overrides",
                               "e.g. `model.cell: [lstm, gru]`")
         axes.append(opts)
+    points = math.prod(len(a) for a in axes)
+    if points > MAX_GRID_POINTS:  # checked before expanding: a million points took minutes, silently
+        sizes = " x ".join(f"{len(a)} ({a[0][0]})" for a in axes)
+        raise ConfigError(
+            "grid", f"{points:,} points ({sizes}), more than the {MAX_GRID_POINTS:,} a study may have",
+            "use fewer values per axis, search the space with `study tune` (a tune: block), or split "
+            "the grid into several studies",
+        )
     out = []
     for combo in itertools.product(*axes) if axes else [()]:
         cfg = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})

@@ -173,6 +173,11 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("grid-bad-override", patched(grid={"model.hidden_size": {8: 5}}), "error: grid.model.hidden_size.8: "),
     ("grid-duplicate-points", patched(grid={"train.lr": [0.1, 0.1]}), "error: grid: "),
     ("grid-number-path", patched(grid={5: [1]}), "error: grid.5: "),
+    # a million points: refused from the axis sizes (expanding them took minutes, silently)
+    ("grid-too-many-points", patched(grid={"train.lr": [round(0.001 * i, 4) for i in range(1, 101)],
+                                           "model.hidden_size": list(range(1, 101)),
+                                           "train.batch_size": list(range(1, 101))}),
+     "error: grid: 1,000,000 points"),
     # names
     ("name-parent", patched(name="../evil"), "error: name: "),
     ("name-slash", patched(name="a/b"), "error: name: "),
