@@ -342,6 +342,14 @@ def report(
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
     from analysis.report import write_report
 
+    if band not in ("ci", "minmax"):  # before any results are read
+        raise ConfigError("--band", f"unknown band {band!r}", "use ci (95% bootstrap band of the mean) or minmax")
+    if to is not None:
+        blocker = next((p for p in Path(to).parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise ConfigError("--to", f"{to} cannot be written: {blocker} is a file, not a folder",
+                              "give a path under a folder (e.g. --to report.html or --to charts/)")
+
     path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 

@@ -360,6 +360,11 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("ls-damaged-truncated", _with_out(_damaged(b'{"name": "s", "con'), "ls"), "Fix: restore "),
     ("ls-damaged-list", _with_out(_damaged(b"[1, 2]"), "ls"), "Fix: restore "),
     ("unknown-command", lambda tmp: ["nosuch"], "nosuch"),
+    # report options, checked before any results are read (--band named no option and gave no
+    # fix; --to under a file was an OS error "File exists" naming neither, exit 1)
+    ("report-band", _with_out(lambda t: t / "results", "report", "s", "--band", "wide"), "error: --band: "),
+    ("report-to-under-file", lambda tmp: ["report", "s", "--to", str(_file(tmp) / "r.html"),
+                                          "--out", str(tmp / "results")], "error: --to: "),
 ]
 
 
