@@ -85,8 +85,9 @@ class ExecutionConfig(FrozenConfig):
     """Ray CPUs each trial asks for."""
     gpus_per_trial: float = Field(0.0, ge=0)
     """Ray GPUs each trial asks for (set > 0 to run bundles on GPUs of a cluster)."""
-    threads: int = Field(1, ge=1)
-    """torch threads per trial (one is fastest per core for these small models)."""
+    threads: int = Field(1, ge=1, le=1024)
+    """torch threads per trial (one is fastest per core for these small models); a local Ray
+    refuses more than the machine's CPUs."""
     max_failures: int = Field(2, ge=0)
     """Retries of a failed trial (from its last checkpoint)."""
     ship_plugins: bool = True

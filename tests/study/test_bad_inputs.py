@@ -207,6 +207,10 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("curve-split-unknown", patched(train={"curve_splits": ["nosuch"]}), "error: train.curve_splits: "),
     ("plugins-scalar", patched(plugins="mine"), "error: plugins: "),
     ("cpus-above-local", patched(execution={"cpus_per_trial": 64}), "error: execution.cpus_per_trial: "),
+    # 100,000 threads per trial crashed the driver ("can't start new thread", traceback) and
+    # starved the machine; more than its CPUs is refused for a local Ray, more than 1024 anywhere
+    ("threads-above-local", patched(execution={"threads": (os.cpu_count() or 1) + 1}), "error: execution.threads: "),
+    ("threads-huge", patched(execution={"threads": 100_000}), "error: execution.threads: "),
     ("cuda-without-gpus", patched(execution={"device": "cuda"}), "error: execution.gpus_per_trial: "),
     ("data-dir-missing", patched(task={"data_dir": "/nonexistent/dir"}), "error: task.data_dir: "),
 ]
