@@ -366,6 +366,7 @@ def run_study(
     unless every planned run is committed."""
     out = Path(out)
     facts = check_before_ray(cfg, address, num_cpus)
+    manifest_mod.check_kind(manifest_mod.read(out, name), out, name, kind)  # again under the lock
     with study_lock(out, name):
         return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
 

@@ -398,6 +398,28 @@ def test_ray_address_in_the_environment_without_address_is_refused(
         assert rc == 2 and "--address 127.0.0.1:6390" in line and "unset RAY_ADDRESS" in line, line
 
 
+def test_a_seed_study_under_a_tuning_studys_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``study tune FILE`` then ``study run FILE``: the same default name and the same config
+    hash (the tune block is not part of it), so the seed study replaced the tuning study's
+    manifest (kind seeds: ``--from-best`` no longer found it). Refused, the manifest kept."""
+    from study import manifest
+    from study.config import load
+    from study.runner import check_before_ray
+
+    out = tmp_path / "results"
+    path = write(tmp_path, {**TINY, "tune": {"space": {"train.lr": {"low": 0.01, "high": 1.0}}}})
+    cfg = load(path)
+    manifest.prepare(out, "tiny", cfg, "tune", check_before_ray(cfg, None, 1))  # as study tune writes it
+    before = snapshot(out)
+    rc, err = run_cli(["run", str(path), "--out", str(out), "--num-cpus", "1"], capsys)
+    err = "\n".join(ln for ln in err.splitlines() if not ln.startswith("note: "))  # the tune-block note
+    line = check_refused(rc, err, "error: study 'tiny' in ", out, before)
+    assert rc == 2 and "is a tuning study" in line and "--from-best tiny" in line, line
+    assert manifest.read(out, "tiny")["kind"] == "tune"
+
+
 # --------------------------------------------------------------------------- data files
 def _dyck(tmp: Path, corrupt: Callable[[Path], None]) -> dict[str, Any]:
     folder = tmp / "dyck"
