@@ -193,8 +193,10 @@ def load_manifest(out: Path, study: str) -> Manifest | None:
         return None
     # the same fix as the driver's (study.manifest.read): `study run` refuses a damaged
     # manifest rather than rewriting it
-    fix = (f"Fix: restore {path} from a backup, or move it away and re-create it with "
-           f"`study run CONFIG --name {study} --out {out}` (committed runs are kept)")
+    fix = (
+        f"Fix: restore {path} from a backup, or move it away and re-create it with "
+        f"`study run CONFIG --name {study} --out {out}` (committed runs are kept)"
+    )
     try:
         raw = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:  # not UTF-8 is a ValueError too
