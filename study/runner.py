@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -226,7 +227,18 @@ def check_plain_models(cfg: StudyConfig) -> None:
         seen.add(key)
         if key[0] not in metas:
             metas[key[0]] = point.spec.make_task().build(0).meta
-        model_cls(point.spec.model, metas[key[0]], 1)
+        try:
+            model_cls(point.spec.model, metas[key[0]], 1)
+        except (MemoryError, RuntimeError) as exc:  # torch's allocator refuses with a RuntimeError
+            text = str(exc)
+            if not isinstance(exc, MemoryError) and "allocate" not in text and "overflow" not in text:
+                raise
+            where = f" (grid point {point.values})" if point.values else ""
+            short = re.sub(r"^.*?(can't allocate|Storage size)", r"\1", text.splitlines()[0])[:160]
+            raise ConfigError(
+                "model", f"model {point.spec.model_name!r} cannot be built for one seed on this machine{where}: "
+                f"{short}", "lower its sizes (the model block's widths / layers)",
+            ) from None
 
 
 def check_device(cfg: StudyConfig) -> None:

@@ -213,6 +213,12 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("threads-huge", patched(execution={"threads": 100_000}), "error: execution.threads: "),
     ("cuda-without-gpus", patched(execution={"device": "cuda"}), "error: execution.gpus_per_trial: "),
     ("data-dir-missing", patched(task={"data_dir": "/nonexistent/dir"}), "error: task.data_dir: "),
+    # a plain module too large for any machine (40 PB): built before Ray, it was a torch
+    # allocator traceback (exit 1)
+    ("plain-model-too-large", {"name": "huge", "task": {"name": "toy2d"},
+                               "model": {"name": "mlp_plain", "hidden": [100_000_000, 100_000_000]},
+                               "train": {"max_epochs": 1, "selection": {"split": "train_eval"}},
+                               "seeds": {"count": 1}}, "error: model: model 'mlp_plain' cannot be built"),
 ]
 
 
