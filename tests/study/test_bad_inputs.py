@@ -569,6 +569,23 @@ def test_bad_symbol_rewriting_files_are_refused(tmp_path: Path, content: str | b
 
 
 # --------------------------------------------------------------------------- error text
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [("seeds.root=-1", "Fix: use a value >= 0"), ("model.dropout=2", "Fix: use a value < 1"),
+     ("train.batch_size=abc", "Fix: write a whole number there"), ("train.lr=fast", "Fix: write a number there")],
+    ids=["ge", "lt", "int", "float"],
+)
+def test_a_field_out_of_range_names_the_bound_as_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, fix: str
+) -> None:
+    """The fix of a range or type error says what to write (it repeated the problem:
+    "Fix: input should be greater than or equal to 0")."""
+    out = tmp_path / "results"
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), override, "--out", str(out)], capsys)
+    line = check_refused(rc, err, f"error: {override.split('=')[0]}: ", out, None)
+    assert fix in line and "Fix: input should" not in line, line
+
+
 def test_error_lines_are_one_line_and_capped() -> None:
     line = cli.error_line("a\nb\n\n" + "x" * 10_000)
     assert "\n" not in line and line.startswith("error: a b x") and len(line) <= cli.MAX_ERROR + 10
