@@ -191,15 +191,19 @@ def load_manifest(out: Path, study: str) -> Manifest | None:
     path = manifest_path(out, study)
     if not path.is_file():
         return None
+    # the same fix as the driver's (study.manifest.read): `study run` refuses a damaged
+    # manifest rather than rewriting it
+    fix = (
+        f"Fix: restore {path} from a backup, or move it away and re-create it with "
+        f"`study run CONFIG --name {study} --out {out}` (committed runs are kept)"
+    )
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise AnalysisError(
-            f"cannot read the manifest {path}: {e}. Fix or remove the file (the study "
-            "rewrites it on its next run)"
-        ) from e
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # not UTF-8 is a ValueError too
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise AnalysisError(f"cannot read the manifest {path} ({why}). {fix}") from None
     if not isinstance(raw, dict):
-        raise AnalysisError(f"manifest {path} is not a JSON object; re-run the study to rewrite it")
+        raise AnalysisError(f"the manifest {path} is not a JSON object. {fix}")
     return parse_manifest(raw, default_name=study)
 
 

@@ -69,8 +69,9 @@ class Damage:
     """Path relative to the results folder."""
     problem: str
     unit: str
-    """``run`` (the seed is re-trained), ``evaluation`` (re-evaluated) or ``file`` (no
-    commit names it: it is only moved out of the way)."""
+    """``run`` (the seed is re-trained), ``evaluation`` (re-evaluated), ``file`` (no
+    commit names it: it is only moved out of the way) or ``manifest`` (the study's
+    study.json does not read: restored by hand, never moved)."""
     eval_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,6 +95,8 @@ class StudyCheck:
     unverified: int = 0
     """Runs and evaluations committed before commits recorded their files (read only)."""
     damage: list[Damage] = field(default_factory=list)
+    out: Path | None = None
+    """The results folder checked (for the fix a damaged manifest prints)."""
 
     @property
     def damaged_runs(self) -> set[tuple[str, int]]:
@@ -110,9 +113,23 @@ class StudyCheck:
             return f"study {self.study}: {what}{old}: no damage"
         runs, evals = len(self.damaged_runs), len(self.damaged_evaluations)
         files = sum(d.unit == "file" for d in self.damage)
-        parts = [_n(runs, "run")] + ([_n(evals, "evaluation")] if evals else [])
+        manifest = [d.file for d in self.damage if d.unit == "manifest"]
+        parts = [_n(runs, "run")] if runs or not manifest else []
+        parts += [_n(evals, "evaluation")] if evals else []
         parts += [_n(files, "file no commit names", "files no commit names")] if files else []
-        return f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)})"
+        parts += ["the manifest"] if manifest else []
+        line = f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)})"
+        if manifest:  # --repair re-runs from the manifest, so it cannot re-create one
+            out = f" --out {self.out}" if self.out is not None else ""
+            path = self.out / manifest[0] if self.out is not None else manifest[0]
+            line += (f". Fix: restore {path} from a backup, or move it away and re-create it with "
+                     f"`study run CONFIG --name {self.study}{out}` (committed runs are kept)")
+        return line
+
+    @property
+    def repairable(self) -> bool:
+        """Damage that ``--repair`` mends (anything but the manifest)."""
+        return any(d.unit != "manifest" for d in self.damage)
 
 
 def _n(count: int, one: str, many: str | None = None) -> str:
@@ -222,7 +239,7 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     only the cheap part (files present with their sizes; runs files readable), as
     ``study run`` does before planning."""
     out = Path(out)
-    found = StudyCheck(study)
+    found = StudyCheck(study, out=out)
     runs, bad_runs = committed_runs(out, study)
     recorded: set[str] = set()
     for path in bad_runs:
@@ -247,7 +264,24 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     if thorough:
         _check_evaluations(out, study, runs, found, recorded)
         _check_other_files(out, study, found, recorded)
+        _check_manifest(out, study, found)
     return found
+
+
+def _check_manifest(out: Path, study: str, found: StudyCheck) -> None:
+    """A manifest that does not read (``study resume``, ``eval`` and ``status`` refuse it) is
+    damage too; no repair re-creates it (unit ``manifest``)."""
+    from study import manifest
+
+    path = manifest.manifest_path(out, study)
+    if not path.exists():
+        return
+    try:
+        manifest.read(out, study)
+    except StudyStateError as exc:
+        why = str(exc).split(" is damaged (", 1)[-1].split(". Fix: ", 1)[0].removesuffix(")")
+        found.damage.append(Damage(study, None, None, "manifest", _rel(out, path),
+                                   f"does not read as a manifest ({why})", "manifest"))
 
 
 def _check_evaluations(out: Path, study: str, runs: dict[tuple[str, int], Any], found: StudyCheck,

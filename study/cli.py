@@ -350,6 +350,14 @@ def report(
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
     from analysis.report import write_report
 
+    if band not in ("ci", "minmax"):  # before any results are read
+        raise ConfigError("--band", f"unknown band {band!r}", "use ci (95% bootstrap band of the mean) or minmax")
+    if to is not None:
+        blocker = next((p for p in Path(to).parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise ConfigError("--to", f"{to} cannot be written: {blocker} is a file, not a folder",
+                              "give a path under a folder (e.g. --to report.html or --to charts/)")
+
     path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 
@@ -412,13 +420,14 @@ def check(
     names = [name] if name is not None else studies(out)
     if name is not None and name not in studies(out):
         _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
-    rows, lines, damaged = [], [], False
+    rows, lines, damaged, repairable = [], [], False, False
     for study_name in names:
         if not repair:
             found = check_study(out, study_name)
             rows += [d.as_dict() for d in found.damage]
             lines.append(found.summary())
             damaged |= bool(found.damage)
+            repairable |= found.repairable
             continue
         done = repair_study(out, study_name, address, num_cpus)
         rows += [d.as_dict() for d in done.before.damage]
@@ -438,7 +447,7 @@ def check(
         if rows:
             typer.echo(format_rows(rows, fmt, columns=list(COLUMNS)))
         typer.echo("\n".join(lines))
-        if damaged and not repair:
+        if repairable and not repair:
             which = f" {name}" if name is not None else ""
             typer.echo(f"Fix: study check{which} --repair --out {out} (moves the damaged files to "
                        "OUT/NAME/quarantine/, then runs those runs and evaluations again)")

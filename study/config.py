@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,8 +85,9 @@ class ExecutionConfig(FrozenConfig):
     """Ray CPUs each trial asks for."""
     gpus_per_trial: float = Field(0.0, ge=0)
     """Ray GPUs each trial asks for (set > 0 to run bundles on GPUs of a cluster)."""
-    threads: int = Field(1, ge=1)
-    """torch threads per trial (one is fastest per core for these small models)."""
+    threads: int = Field(1, ge=1, le=1024)
+    """torch threads per trial (one is fastest per core for these small models); a local Ray
+    refuses more than the machine's CPUs."""
     max_failures: int = Field(2, ge=0)
     """Retries of a failed trial (from its last checkpoint)."""
     ship_plugins: bool = True
@@ -171,6 +173,10 @@ def set_dotted(d: dict[str, Any], path: str, value: Any, where: str | None = Non
     cur[parts[-1]] = value
 
 
+MAX_GRID_POINTS = 10_000
+"""Most configs (grid points) one study may have."""
+
+
 def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(point values, raw config of that point) for every grid point (one if no grid)."""
     grid = raw.get("grid") or {}
@@ -195,6 +201,14 @@ def expand_grid(raw: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any
             raise ConfigError(f"grid.{path}", "needs a non-empty list of values or a mapping value -> overrides",
                               "e.g. `model.cell: [lstm, gru]`")
         axes.append(opts)
+    points = math.prod(len(a) for a in axes)
+    if points > MAX_GRID_POINTS:  # checked before expanding: a million points took minutes, silently
+        sizes = " x ".join(f"{len(a)} ({a[0][0]})" for a in axes)
+        raise ConfigError(
+            "grid", f"{points:,} points ({sizes}), more than the {MAX_GRID_POINTS:,} a study may have",
+            "use fewer values per axis, search the space with `study tune` (a tune: block), or split "
+            "the grid into several studies",
+        )
     out = []
     for combo in itertools.product(*axes) if axes else [()]:
         cfg = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})

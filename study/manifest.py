@@ -167,6 +167,23 @@ def forgotten_if_refused(out: Path, name: str, also: tuple[str, ...] = ()) -> It
         raise
 
 
+def check_kind(old: dict[str, Any] | None, out: Path, name: str, kind: str) -> None:
+    """Refuse a ``kind`` study (seeds, tune) under the name of a study of another kind: the
+    same config hashes alike in both (the tune block is not part of it), so its manifest
+    would be replaced (a tuning study then no longer is one to ``--from-best``)."""
+    was = None if old is None else old.get("kind", "seeds")
+    if was is None or was == kind:
+        return
+    label = {"seeds": "seed", "tune": "tuning"}
+    fix = (f"give this {label.get(kind, kind)} study another name (e.g. --name {name}_{kind})"
+           + (f", or run the seed study of its best candidate: `study run --from-best {name} "
+              f"--name {name}_seeds --out {out}`" if was == "tune" else ""))
+    raise StudyStateError(
+        f"study {name!r} in {out} is a {label.get(was, was)} study; a {label.get(kind, kind)} study "
+        f"under its name would replace its manifest. Fix: {fix}"
+    )
+
+
 def prepare(
     out: Path, name: str, cfg: StudyConfig, kind: str, facts: dict[str, Any], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -175,6 +192,7 @@ def prepare(
     ``facts`` is what :func:`study.runner.check_before_ray` returns (analysis, splits).
     """
     old = read(out, name)
+    check_kind(old, out, name, kind)
     if old is not None and old.get("config_hash") != cfg.identity_hash:
         raise StudyStateError(
             f"study {name!r} in {out} was created with a different config "

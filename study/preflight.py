@@ -224,6 +224,14 @@ def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None)
             )
         check_address(address)
         return
+    machine = os.cpu_count() or 1
+    if ex.threads > machine:  # every trial starts that many threads: thousands exhaust the OS's
+        raise ConfigError(
+            "execution.threads",
+            f"each trial asks for {ex.threads} torch threads but this machine has {machine} CPUs",
+            f"set it to at most {machine} (1 is fastest for these small models; raise "
+            "execution.cpus_per_trial with it)",
+        )
     cpus = num_cpus or default_cpus()
     if ex.cpus_per_trial > cpus:
         raise ConfigError(

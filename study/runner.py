@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -84,7 +85,9 @@ class StopSignals:
             if callable(tune_stop):
                 console.print(
                     f"{signal.Signals(signum).name}: stopping the study (committed seeds are kept); "
-                    "send it again to stop at once"
+                    "send it again to stop at once",
+                    soft_wrap=True,
+                    highlight=False,
                 )
                 tune_stop(signal.SIGUSR1, frame)
                 return
@@ -229,7 +232,18 @@ def check_plain_models(cfg: StudyConfig) -> None:
         seen.add(key)
         if key[0] not in metas:
             metas[key[0]] = point.spec.make_task().build(0).meta
-        model_cls(point.spec.model, metas[key[0]], 1)
+        try:
+            model_cls(point.spec.model, metas[key[0]], 1)
+        except (MemoryError, RuntimeError) as exc:  # torch's allocator refuses with a RuntimeError
+            text = str(exc)
+            if not isinstance(exc, MemoryError) and "allocate" not in text and "overflow" not in text:
+                raise
+            where = f" (grid point {point.values})" if point.values else ""
+            short = re.sub(r"^.*?(can't allocate|Storage size)", r"\1", text.splitlines()[0])[:160]
+            raise ConfigError(
+                "model", f"model {point.spec.model_name!r} cannot be built for one seed on this machine{where}: "
+                f"{short}", "lower its sizes (the model block's widths / layers)",
+            ) from None
 
 
 def check_device(cfg: StudyConfig) -> None:
@@ -369,6 +383,7 @@ def run_study(
     unless every planned run is committed."""
     out = Path(out)
     facts = check_before_ray(cfg, address, num_cpus)
+    manifest_mod.check_kind(manifest_mod.read(out, name), out, name, kind)  # again under the lock
     with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name):
         return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
 

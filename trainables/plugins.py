@@ -90,6 +90,12 @@ class _Loader:
                 raise
             except FinelineError as exc:
                 raise PluginError(f"plugin {origin}: {exc}") from None
+            except SystemExit as exc:  # a script's sys.exit() or argparse at import time
+                raise PluginError(
+                    f"plugin {origin} called sys.exit({exc.code!r}) while being imported"
+                    f"{_last_frame(exc)}. Fix: a plugin module only defines and registers: move its "
+                    f"script code under `if __name__ == \"__main__\":`; or {found_fix or fix}"
+                ) from None
             except Exception as exc:
                 where = _last_frame(exc)
                 absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None

@@ -17,6 +17,7 @@ This module imports neither tasks nor models (their base classes import it).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,11 +59,14 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A named set of classes, each with a class attribute ``name``."""
 
-    def __init__(self, kind: str, field: str, required: tuple[str, ...]) -> None:
+    def __init__(self, kind: str, field: str, required: tuple[str, ...], base: str) -> None:
         self.kind = kind
         self.field = field
         self.required = required
         """Class attributes a registered class must define."""
+        self.base = base
+        """``module:Class`` every registered class subclasses (imported at first registration:
+        the base modules import this one)."""
         self._items: dict[str, Entry[T]] = {}
 
     def register(self, cls: type[T]) -> type[T]:
@@ -84,6 +88,13 @@ class Registry(Generic[T]):
 
     def _check(self, cls: type[T]) -> None:
         where = f"{self.kind} class {cls.__module__}.{cls.__qualname__}"
+        module, _, base_name = self.base.partition(":")
+        base = getattr(importlib.import_module(module), base_name)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise PluginError(
+                f"{where} does not subclass {module}.{base_name}. Fix: derive it from {base_name} "
+                f"(`class {getattr(cls, '__name__', 'Mine')}({base_name}): ...`; docs/plugins.md)"
+            )
         missing = [a for a in self.required if not hasattr(cls, a)]
         if missing:
             raise PluginError(f"{where} lacks {', '.join(missing)}. Fix: set them as class attributes")
@@ -138,7 +149,9 @@ def _same_class(a: type, b: type) -> bool:
 
 
 TASKS: Registry[Task] = Registry(
-    "task", "task.name", ("name", "Config", "data_kind", "primary_metric", "metrics")
+    "task", "task.name", ("name", "Config", "data_kind", "primary_metric", "metrics"), "trainables.tasks.base:Task"
 )
-MODELS: Registry[Model] = Registry("model", "model.name", ("name", "Config", "data_kind", "reductions"))
+MODELS: Registry[Model] = Registry(
+    "model", "model.name", ("name", "Config", "data_kind", "reductions"), "trainables.models.base:Model"
+)
 

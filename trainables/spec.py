@@ -319,6 +319,11 @@ def _field_loc(loc: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
     )
 
 
+BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+          "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+"""Pydantic's range errors: the comparison a fix asks for, and its ``ctx`` key."""
+
+
 def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) -> ConfigError:
     errors = exc.errors()
     err = errors[0]
@@ -337,6 +342,13 @@ def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) 
         fix = "write a number or a name (true / false are not numbers)"
     elif kind in ("dict_type", "model_type", "model_attributes_type"):
         fix = "write a block of `field: value` lines there (see configs/quickstart.yaml)"
+    elif kind in BOUNDS and BOUNDS[kind][1] in err.get("ctx", {}):  # the bound, not the message again
+        op, key = BOUNDS[kind]
+        fix = f"use a value {op} {err['ctx'][key]}"
+    elif kind in ("int_parsing", "int_type", "int_from_float"):
+        fix = "write a whole number there, e.g. 8"
+    elif kind in ("float_parsing", "float_type"):
+        fix = "write a number there, e.g. 0.05 or 1e-3"
     elif kind in ("tuple_type", "list_type", "set_type") and not isinstance(got, (list, tuple)):
         fix = f"write a list, e.g. [{got}]" if isinstance(got, (str, int, float)) else "write a list, e.g. [a, b]"
     if "ctx" in err and "expected" in err["ctx"]:

@@ -173,6 +173,11 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("grid-bad-override", patched(grid={"model.hidden_size": {8: 5}}), "error: grid.model.hidden_size.8: "),
     ("grid-duplicate-points", patched(grid={"train.lr": [0.1, 0.1]}), "error: grid: "),
     ("grid-number-path", patched(grid={5: [1]}), "error: grid.5: "),
+    # a million points: refused from the axis sizes (expanding them took minutes, silently)
+    ("grid-too-many-points", patched(grid={"train.lr": [round(0.001 * i, 4) for i in range(1, 101)],
+                                           "model.hidden_size": list(range(1, 101)),
+                                           "train.batch_size": list(range(1, 101))}),
+     "error: grid: 1,000,000 points"),
     # names
     ("name-parent", patched(name="../evil"), "error: name: "),
     ("name-slash", patched(name="a/b"), "error: name: "),
@@ -202,8 +207,18 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("curve-split-unknown", patched(train={"curve_splits": ["nosuch"]}), "error: train.curve_splits: "),
     ("plugins-scalar", patched(plugins="mine"), "error: plugins: "),
     ("cpus-above-local", patched(execution={"cpus_per_trial": 64}), "error: execution.cpus_per_trial: "),
+    # 100,000 threads per trial crashed the driver ("can't start new thread", traceback) and
+    # starved the machine; more than its CPUs is refused for a local Ray, more than 1024 anywhere
+    ("threads-above-local", patched(execution={"threads": (os.cpu_count() or 1) + 1}), "error: execution.threads: "),
+    ("threads-huge", patched(execution={"threads": 100_000}), "error: execution.threads: "),
     ("cuda-without-gpus", patched(execution={"device": "cuda"}), "error: execution.gpus_per_trial: "),
     ("data-dir-missing", patched(task={"data_dir": "/nonexistent/dir"}), "error: task.data_dir: "),
+    # a plain module too large for any machine (40 PB): built before Ray, it was a torch
+    # allocator traceback (exit 1)
+    ("plain-model-too-large", {"name": "huge", "task": {"name": "toy2d"},
+                               "model": {"name": "mlp_plain", "hidden": [100_000_000, 100_000_000]},
+                               "train": {"max_epochs": 1, "selection": {"split": "train_eval"}},
+                               "seeds": {"count": 1}}, "error: model: model 'mlp_plain' cannot be built"),
 ]
 
 
@@ -348,7 +363,18 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("resume-damaged-list", _with_out(_damaged(b"[1, 2]"), "resume", "s"), "study.json is damaged"),
     ("resume-manifest-folder", _with_out(_damaged(None), "resume", "s"), "study.json is damaged"),
     ("status-damaged-json", _with_out(_damaged(b""), "status", "s"), "study.json is damaged"),
+    # the analysis side (ls, analyze, report: analysis.manifest.load_manifest) reads manifests
+    # too: not UTF-8 was a UnicodeDecodeError traceback, and its fix said "the study rewrites
+    # it on its next run" (study run refuses a damaged one)
+    ("ls-damaged-binary", _with_out(_damaged(b"\xff\xfe{}"), "ls"), "Fix: restore "),
+    ("ls-damaged-truncated", _with_out(_damaged(b'{"name": "s", "con'), "ls"), "Fix: restore "),
+    ("ls-damaged-list", _with_out(_damaged(b"[1, 2]"), "ls"), "Fix: restore "),
     ("unknown-command", lambda tmp: ["nosuch"], "nosuch"),
+    # report options, checked before any results are read (--band named no option and gave no
+    # fix; --to under a file was an OS error "File exists" naming neither, exit 1)
+    ("report-band", _with_out(lambda t: t / "results", "report", "s", "--band", "wide"), "error: --band: "),
+    ("report-to-under-file", lambda tmp: ["report", "s", "--to", str(_file(tmp) / "r.html"),
+                                          "--out", str(tmp / "results")], "error: --to: "),
 ]
 
 
@@ -378,6 +404,28 @@ def test_ray_address_in_the_environment_is_the_address(
     rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--num-cpus", "1"], capsys)
     line = check_refused(rc, err, "error: --num-cpus: ", out, None)
     assert "(from RAY_ADDRESS)" in line and "unset RAY_ADDRESS" in line
+
+
+def test_a_seed_study_under_a_tuning_studys_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``study tune FILE`` then ``study run FILE``: the same default name and the same config
+    hash (the tune block is not part of it), so the seed study replaced the tuning study's
+    manifest (kind seeds: ``--from-best`` no longer found it). Refused, the manifest kept."""
+    from study import manifest
+    from study.config import load
+    from study.runner import check_before_ray
+
+    out = tmp_path / "results"
+    path = write(tmp_path, {**TINY, "tune": {"space": {"train.lr": {"low": 0.01, "high": 1.0}}}})
+    cfg = load(path)
+    manifest.prepare(out, "tiny", cfg, "tune", check_before_ray(cfg, None, 1))  # as study tune writes it
+    before = snapshot(out)
+    rc, err = run_cli(["run", str(path), "--out", str(out), "--num-cpus", "1"], capsys)
+    err = "\n".join(ln for ln in err.splitlines() if not ln.startswith("note: "))  # the tune-block note
+    line = check_refused(rc, err, "error: study 'tiny' in ", out, before)
+    assert rc == 2 and "is a tuning study" in line and "--from-best tiny" in line, line
+    assert manifest.read(out, "tiny")["kind"] == "tune"
 
 
 # --------------------------------------------------------------------------- data files
@@ -523,6 +571,23 @@ def test_bad_symbol_rewriting_files_are_refused(tmp_path: Path, content: str | b
 
 
 # --------------------------------------------------------------------------- error text
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [("seeds.root=-1", "Fix: use a value >= 0"), ("model.dropout=2", "Fix: use a value < 1"),
+     ("train.batch_size=abc", "Fix: write a whole number there"), ("train.lr=fast", "Fix: write a number there")],
+    ids=["ge", "lt", "int", "float"],
+)
+def test_a_field_out_of_range_names_the_bound_as_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, fix: str
+) -> None:
+    """The fix of a range or type error says what to write (it repeated the problem:
+    "Fix: input should be greater than or equal to 0")."""
+    out = tmp_path / "results"
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), override, "--out", str(out)], capsys)
+    line = check_refused(rc, err, f"error: {override.split('=')[0]}: ", out, None)
+    assert fix in line and "Fix: input should" not in line, line
+
+
 def test_error_lines_are_one_line_and_capped() -> None:
     line = cli.error_line("a\nb\n\n" + "x" * 10_000)
     assert "\n" not in line and line.startswith("error: a b x") and len(line) <= cli.MAX_ERROR + 10

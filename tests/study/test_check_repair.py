@@ -228,3 +228,32 @@ def test_bad_check_arguments_are_refused_in_one_line(tmp_path: Path, capsys: Any
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert cli_main(["check", "--out", str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.parametrize("content", [b'{"config": {"name": "x"', b"\xff\xfe{}", b"[1, 2]"],
+                         ids=["truncated", "not-utf8", "not-an-object"])
+def test_a_damaged_manifest_is_damage(tmp_path: Path, capsys: Any, content: bytes) -> None:
+    """``study resume``, ``eval`` and ``status`` refuse a manifest that does not read, so
+    ``study check`` must not call that study undamaged (it did: exit 0, "no damage"); its fix
+    is restoring the manifest, which --repair (it re-runs from the manifest) cannot do."""
+    from study.cli import cli_main
+
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=2)
+    write_demo_study(out, "other", n_seeds=1)
+    manifest = out / "demo" / "study.json"
+    assert manifest.is_file()
+    manifest.write_bytes(content)
+    capsys.readouterr()
+    assert cli_main(["check", "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "manifest" in text and "demo/study.json" in text and "does not read as a manifest" in text, text
+    assert f"Fix: restore {manifest} from a backup" in text, text
+    assert "--repair" not in text, text  # a repair cannot re-create a manifest
+    assert "study other: 1 run and 0 evaluations checked" in text and text.rstrip().endswith("no damage"), text
+    assert cli_main(["check", "other", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["check", "demo", "--repair", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "is damaged" in err[0] and "Fix: restore" in err[0], err
+    assert manifest.read_bytes() == content  # nothing moved or rewritten

@@ -81,3 +81,23 @@ def test_a_stopped_study_exits_nonzero_with_committed_counts_and_leaves_no_ray(
     time.sleep(1)
     left = still_alive(seen.values())
     assert not left, [p.cmd for p in left]
+
+
+def test_the_first_signals_note_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The note of a first SIGINT while Tune runs ("stopping the study ...; send it again to
+    stop at once") is one line on a log or a narrow terminal, not wrapped mid-sentence."""
+    from study.runner import StopSignals
+
+    stopped: list[int] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: stopped.append(signum))  # Tune's graceful stop
+    try:
+        stops = StopSignals()
+        stops.tune_running = True
+        capsys.readouterr()
+        stops.handle(signal.SIGINT, None)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    err = capsys.readouterr().err
+    assert stopped == [signal.SIGUSR1] and stops.exit_code == 130
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].endswith("send it again to stop at once"), err

@@ -27,7 +27,7 @@ BASE: dict[str, Any] = {
 
 
 def study(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
     env |= {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
     return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -142,8 +142,18 @@ def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path])
         ("from trainables.registry import MODELS\nfrom trainables.models.base import Model\n\n"
          "@MODELS.register\nclass Half(Model):\n    name = 'half'\n    Config = None\n",
          "model class blobs_task.Half lacks data_kind, reductions"),
+        # a script calling sys.exit() (or argparse) at import: one error, not a silent exit 3
+        ("import sys\nsys.exit(3)\n", "plugin blobs_task (plugins: of"),
+        # a class with every attribute but no Task base: refused at registration, not a
+        # TypeError traceback when the study builds it
+        ("from trainables.configbase import FrozenConfig\nfrom trainables.registry import TASKS\n\n"
+         "class C(FrozenConfig):\n    pass\n\n"
+         "@TASKS.register\nclass Fake:\n    name = 'blobs'\n    Config = C\n"
+         "    data_kind = 'classify'\n    primary_metric = 'accuracy'\n    metrics = ('accuracy',)\n",
+         "task class blobs_task.Fake does not subclass trainables.tasks.base.Task"),
     ],
-    ids=["missing", "import-error", "duplicate-name", "bad-config-class", "incomplete-model"],
+    ids=["missing", "import-error", "duplicate-name", "bad-config-class", "incomplete-model", "sys-exit",
+         "not-a-task"],
 )
 def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], source: str | None, expected: str) -> None:
     home, cwd = folders
@@ -156,6 +166,8 @@ def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], sour
     assert "Fix: " in line, line
     if source is None:
         assert "ModuleNotFoundError" in line and str(home) in line
+    if source is not None and "sys.exit" in source:
+        assert "called sys.exit(3) while being imported" in line and "__main__" in line, line
     if source is not None and "undefined_name" in source:  # found, then raised: not "make it importable"
         assert "Fix: fix the error at the place shown (the module was found" in line, line
 
