@@ -152,6 +152,9 @@ def ray_session(
         private_token()
         with loopback_only():
             ray.init(
+                # "local": a fresh Ray, never one named by RAY_ADDRESS or found through Ray's
+                # /tmp/ray/ray_current_cluster (written by any `ray start` on this machine)
+                address="local",
                 num_cpus=num_cpus or default_cpus(),
                 include_dashboard=False,
                 logging_level=logging.ERROR,

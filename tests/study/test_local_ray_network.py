@@ -121,6 +121,22 @@ def test_local_ray_listens_on_loopback_only(tmp_path: Path) -> None:
     assert len(token.read_text()) == 64
 
 
+def test_local_study_ignores_another_clusters_address(tmp_path: Path) -> None:
+    """Without --address a study starts its own Ray even where Ray would otherwise connect
+    elsewhere: RAY_ADDRESS set (as /tmp/ray/ray_current_cluster does after any `ray start`
+    on the machine). Before, ray.init raised "When connecting to an existing cluster,
+    num_cpus and num_gpus must not be provided" and the study died with a traceback."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "192.0.2.2:6379"}
+    probe = ("from study.runner import ray_session\n"
+             "with ray_session(None, 1) as resources:\n"
+             "    print('CPU', resources.get('CPU'))\n")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "CPU 1.0"
+
+
 def test_existing_token_file_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     token = tmp_path / "auth_token"
     token.write_text("ab" * 32)
