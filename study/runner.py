@@ -19,10 +19,12 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.table import Column
+from rich.text import Text
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
@@ -507,11 +509,7 @@ def launch(
     points = [_point_label(p["point_json"]) for p in payloads]
     title = f"study {name}"
     if console.is_terminal:
-        progress: Progress | None = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), console=console,
-        )
+        progress: Progress | None = progress_bar()
         callback = ProgressCallback(f"{title}: seeds", planned, already, sizes, points, progress=progress)
     else:  # a log: lines, not a bar
         progress = None
@@ -549,6 +547,29 @@ def launch(
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
+
+
+def progress_bar(target: Console | None = None) -> Progress:
+    """The terminal's bar: ``title ━━━ done/planned info elapsed eta``. The info (failed and
+    running seeds, the selection metric) is the one column that shrinks, with an ellipsis,
+    on a narrow terminal: the counts, the clock and the ETA always show. The ETA is the
+    callback's (``eta`` field, :meth:`study.progress.ProgressCallback.eta`)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        _InfoColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
+        console=target or console,
+    )
+
+
+class _InfoColumn(ProgressColumn):
+    """``task.fields['info']`` on one line, cut with an ellipsis when the terminal is narrow
+    (a wrappable table column, so the table shrinks this one first; a no-wrap text)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=False, overflow="ellipsis"))
+
+    def render(self, task: Any) -> Text:
+        return Text(str(task.fields.get("info", "")), no_wrap=True, overflow="ellipsis")
 
 
 def failure_text(error: BaseException) -> str:
