@@ -132,10 +132,15 @@ def run(
             typer.echo(f"note: {config} has a tune: block, which `study tune` searches with; `study run` "
                        "trains the file's own config(s) x seeds without it", err=True)
     counts = run_study(cfg, study_name, out, address, num_cpus, extra_manifest=extra)
-    typer.echo(
-        f"study {study_name}: {counts['done']}/{counts['planned']} runs committed "
-        f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {study_name} --out {out}; "
-        f"study report {study_name} --out {out}; study status {study_name} --out {out}"
+    typer.echo(_finished(study_name, out, counts))
+
+
+def _finished(name: str, out: Path, counts: dict[str, int]) -> str:
+    """The last line of a finished `study run` / `study resume`: counts and what to run next."""
+    return (
+        f"study {name}: {counts['done']}/{counts['planned']} runs committed "
+        f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {name} --out {out}; "
+        f"study report {name} --out {out}; study status {name} --out {out}"
     )
 
 
@@ -176,7 +181,7 @@ def resume(
         return
     cfg, extra = recorded_study(out, name, m)
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
-    typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
+    typer.echo(_finished(name, out, counts))
 
 
 @app.command()
