@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import glob
 import shutil
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -369,6 +370,14 @@ def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None =
             f"study sql is read-only and reads only the views ({', '.join(VIEWS)}): {e}"
         ) from e
     except duckdb.Error as e:
+        damaged = re.search(r"stream registered as '_(\w+)_raw' failed", str(e))
+        if damaged:  # a file whose footer reads (so the views kept it) is damaged inside
+            raise AnalysisError(
+                f"a {damaged.group(1)} file cannot be read ({str(e).splitlines()[0][:300]}): it is "
+                "damaged inside (its footer reads, so the views did not leave it out). Fix: "
+                f"`study check --out {out}` names it; `study check NAME --repair --out {out}` "
+                "re-runs its seed"
+            ) from e
         raise AnalysisError(
             f"SQL error: {e}. The views are {', '.join(VIEWS)}; "
             "try 'DESCRIBE runs' to see their columns"
