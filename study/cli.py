@@ -323,6 +323,7 @@ def analyze(
     events, seeds needed and the seeds x examples Multi-Bootstrap."""
     from functools import partial
 
+    from analysis.db import naming_damage
     from analysis.report import analyze as do_analyze
 
     do_analyze = partial(do_analyze, events=event, half_width=half_width, difference=difference,
@@ -333,10 +334,12 @@ def analyze(
 
         from analysis.formatting import format_rows
 
-        doc = json.loads(do_analyze(out, name, "json", n_boot=n_boot))
+        with naming_damage(out):
+            doc = json.loads(do_analyze(out, name, "json", n_boot=n_boot))
         typer.echo(format_rows(doc["summary"], "csv"))
         return
-    typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
+    with naming_damage(out):
+        typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
 
 
 @app.command()
@@ -349,9 +352,11 @@ def report(
     verdict_split: VerdictSplitOpt = None,
 ) -> None:
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
+    from analysis.db import naming_damage
     from analysis.report import write_report
 
-    path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
+    with naming_damage(out):
+        path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 
 

@@ -228,3 +228,29 @@ def test_bad_check_arguments_are_refused_in_one_line(tmp_path: Path, capsys: Any
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert cli_main(["check", "--out", str(tmp_path / "missing")]) == 2
+
+
+def test_a_file_damaged_inside_is_left_out_of_analyze_and_report_and_named_by_sql(tmp_path: Path) -> None:
+    """An evals file whose footer reads but whose pages are garbage: `study analyze` and
+    `study report` (which read evals into memory) leave it out with the views' warning
+    naming it and go on (before: a DuckDB / Arrow traceback or "Fix: check the path and the
+    disk"); `study sql` reading it stops with one error line naming the table and `study
+    check`; `study check` names the file."""
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=3)
+    path = sorted((out / "tables" / "evals" / "study=demo").glob("*.parquet"))[0]
+    raw = bytearray(path.read_bytes())
+    pages_end = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")  # where the footer starts
+    raw[4:pages_end] = b"Z" * (pages_end - 4)
+    path.write_bytes(bytes(raw))
+    for args in (["analyze", "demo"], ["report", "demo", "--to", str(tmp_path / "r.html")]):
+        res = study(*args, "--out", str(out), check=False)
+        assert res.returncode == 0, (args, res.stdout, res.stderr)
+        assert f"warning: {path} cannot be read" in res.stderr and "study check demo --repair" in res.stderr
+    assert "3 runs done of 3 planned" in study("analyze", "demo", "--out", str(out)).stdout
+    res = study("sql", "SELECT * FROM evals", "--out", str(out), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("error: an evals file cannot be read"), res.stderr
+    assert f"study check --out {out}" in res.stderr, res.stderr
+    res = study("check", "--out", str(out), check=False)
+    assert res.returncode == 1 and path.name in res.stdout, res.stdout + res.stderr
