@@ -579,15 +579,18 @@ def failure_text(error: BaseException) -> str:
     type and the end of its text (the traceback is in Ray's log above)."""
     seen: set[int] = set()
     cause: BaseException | None = error
+    innermost = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
         if isinstance(inner, BaseException):
-            cause = inner
+            cause = innermost = inner
             continue
         if isinstance(cause, FinelineError):
             return str(cause)
         cause = cause.__cause__
+    if innermost is not error and str(innermost):  # the worker's own exception, in one line
+        return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
     return f"{type(error).__name__}: {str(error)[-2000:]}"
 
 
