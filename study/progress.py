@@ -93,13 +93,13 @@ class ProgressCallback(Callback):
         times the seeds left, counted down from the latest commit (``-:--:--`` before the
         first). Rich's own estimate only looks at the last 30 s, so it is blank whenever
         seeds commit further apart than that (most studies)."""
-        ran = self.done - self.done_at_start
+        ran, left_seeds = self.done - self.done_at_start, self.total - self.done - self.failed
+        if left_seeds <= 0:  # every seed committed or failed: nothing is left to wait for
+            return _clock(0)
         if ran <= 0:
             return "-:--:--"
-        if self.done >= self.total:
-            return _clock(0)
         per_seed = (self.last_commit - self.started) / ran
-        left = self.last_commit + per_seed * (self.total - self.done) - (time.monotonic() if now is None else now)
+        left = self.last_commit + per_seed * left_seeds - (time.monotonic() if now is None else now)
         return _clock(max(left, 0.0))
 
     def info(self) -> str:

@@ -83,6 +83,13 @@ def test_failed_seeds_stay_on_the_bar_when_nothing_runs() -> None:
     cb.on_trial_error(2, [trial], trial)
     line = _render(console, buf, cb)
     assert "0/4" in line and "2 failed" in line and "running" not in line, line
+    # the other bundle commits: nothing is left, so the ETA is 0, not a stale estimate
+    other = Trial("fineline", config={"unit_index": 0}, stub=True)
+    cb.started -= 120.0  # its two seeds took two minutes
+    cb.on_trial_result(3, [other], other, {"committed_seeds": [
+        {"seed": s, "status": "ok", "selected": "epoch 3", "value": 0.5} for s in (0, 1)]})
+    assert cb.eta() == "0:00:00"
+    assert re.search(r"2/4 2 failed .*eta 0:00:00$", _render(console, buf, cb))
 
 
 STUDY = {
