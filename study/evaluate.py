@@ -132,7 +132,7 @@ def _evaluate(
             "again under a new name with execution.keep_weights: true "
             f"(the default), `study run CONFIG --name NEW --out {out}`, then `study eval NEW --out {out}`"
         )
-    kept = [_load(out, key, r) for key, r in sorted(kept_rows.items())]
+    kept = [_load(out, name, key, r) for key, r in sorted(kept_rows.items())]
     summary.kept = len(kept)
     data = _Datasets()
     current: dict[tuple[str, int], dict[str, Split]] = {}  # (trial, data seed) -> test splits
@@ -286,14 +286,15 @@ def _markers(out: Path, name: str) -> dict[tuple[str, int, str], dict[str, Any]]
     return found
 
 
-def _load(out: Path, key: tuple[str, int], run: dict[str, Any]) -> Kept:
+def _load(out: Path, name: str, key: tuple[str, int], run: dict[str, Any]) -> Kept:
     """The kept weights a runs row names, checked to be that (trial, seed)'s."""
     trial_id, seed = key
     rel = str(run["weights"])
     path = out / rel
     fix = (
-        f"restore {path} from a backup (the runs row of trial {trial_id} seed {seed} names it); "
-        "the other seeds are evaluated once it is back"
+        f"restore {path} from a backup (the runs row of trial {trial_id} seed {seed} names it), "
+        f"or `study check {name} --repair --out {out}`, which trains exactly that seed again "
+        "(same seeds, same numbers) and keeps its weights; the other seeds are evaluated once it is back"
     )
     if not path.is_file():
         raise StudyStateError(f"kept weights {path} are missing. Fix: {fix}")

@@ -145,6 +145,19 @@ def test_eval_refuses_a_split_that_is_not_a_test_split(tiny: Path, capsys: Any) 
     assert files(tiny) == written
 
 
+def test_missing_kept_weights_are_refused_naming_the_repair(tiny: Path, tmp_path: Path, capsys: Any) -> None:
+    """A seed's kept weights deleted: the refusal names `study check --repair` (which trains
+    exactly that seed again, weights included), not only a backup."""
+    out = tmp_path / "copy"
+    shutil.copytree(tiny, out)
+    victim = sorted((out / "tiny" / "weights").glob("*/seed-*.pt"))[0]
+    victim.unlink()
+    code, _, err = in_process(capsys, "eval", "tiny", "--out", str(out))
+    assert code == 2, err
+    assert err.startswith(f"error: kept weights {victim} are missing. Fix: restore {victim} from a backup"), err
+    assert f"or `study check tiny --repair --out {out}`, which trains exactly that seed again" in err, err
+
+
 @pytest.mark.slow  # ~34 s: a study and eight CLI calls
 def test_a_split_added_then_changed_in_code_is_evaluated_without_retraining(tmp_path: Path) -> None:
     home = tmp_path / "study"
