@@ -154,8 +154,10 @@ class ProgressCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.running.pop(trial.trial_id, None)
         self.failed_units.append(trial.config["unit_index"])
-        self.failed += self.unit_sizes[trial.config["unit_index"]]
-        self._line(f"a trial of {self.unit_sizes[trial.config['unit_index']]} seed(s) failed after its retries")
+        index = trial.config["unit_index"]
+        self.failed += self.unit_sizes[index]
+        point = f" ({self.points[index]})" if self.points[index] else ""
+        self._line(f"a trial of {self.unit_sizes[index]} seed(s){point} failed after its retries")
         self._show()
 
 

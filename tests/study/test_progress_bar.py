@@ -92,6 +92,14 @@ def test_failed_seeds_stay_on_the_bar_when_nothing_runs() -> None:
     assert re.search(r"2/4 2 failed .*eta 0:00:00$", _render(console, buf, cb))
 
 
+def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
+    lines: list[str] = []
+    cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)
+    trial = Trial("fineline", config={"unit_index": 1}, stub=True)
+    cb.on_trial_error(1, [trial], trial)
+    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after its retries"]
+
+
 STUDY = {
     "name": "barred",
     "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
