@@ -65,6 +65,8 @@ class ProgressCallback(Callback):
         self.metric = ""
         self.started = self.last_line = time.monotonic()
         self.done_at_start = done
+        self.ended = False
+        """Set by :meth:`finish`: seeds still left will not run in this driver."""
         self.last_commit = self.started
         """When the latest seed committed (the ETA extrapolates from it)."""
         self.bar = progress.add_task(title, total=total, completed=done, info="", eta=self.eta()) if progress else None
@@ -96,7 +98,7 @@ class ProgressCallback(Callback):
         ran, left_seeds = self.done - self.done_at_start, self.total - self.done - self.failed
         if left_seeds <= 0:  # every seed committed or failed: nothing is left to wait for
             return _clock(0)
-        if ran <= 0:
+        if ran <= 0 or self.ended:  # nothing committed yet, or stopped with seeds left
             return "-:--:--"
         per_seed = (self.last_commit - self.started) / ran
         left = self.last_commit + per_seed * left_seeds - (time.monotonic() if now is None else now)
@@ -118,6 +120,13 @@ class ProgressCallback(Callback):
         self.last_line = time.monotonic()
         if self.emit is not None:
             self.emit(f"{self.title}: {text}")
+
+    def finish(self) -> None:
+        """The study has stopped (finished, failed or interrupted): nothing runs any more, so
+        the bar's last frame shows no running bundle or metric."""
+        self.running.clear()
+        self.ended = True
+        self._show()
 
     # ----------------------------------------------------------------- Tune hooks
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:

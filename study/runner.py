@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -538,7 +538,7 @@ def launch(
             ),
         ),
     )
-    results = fit(tuner, progress)
+    results = fit(tuner, progress, callback.finish)
     # A trial that failed before its first result has no config in Tune's results: the
     # callback saw every failure.
     failed = [payloads[i] for i in sorted(set(callback.failed_units))]
@@ -599,10 +599,11 @@ def _point_label(point_json: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in json.loads(point_json).items())
 
 
-def fit(tuner: Any, progress: Progress | None = None) -> Any:
+def fit(tuner: Any, progress: Progress | None = None, finish: Callable[[], None] | None = None) -> Any:
     """``tuner.fit()`` with fineline's signal handling armed (SIGINT / SIGTERM stop it
     gracefully) and Tune's own "trials did not complete" log line silenced (fineline
-    reports committed counts itself)."""
+    reports committed counts itself). ``finish`` runs before the bar's last frame (it
+    clears what was running: a stopped study leaves no bundle shown as running)."""
     tune_log = logging.getLogger("ray.tune.tune")
     level = tune_log.level
     tune_log.setLevel(logging.CRITICAL)
@@ -612,7 +613,11 @@ def fit(tuner: Any, progress: Progress | None = None) -> Any:
         if progress is None:
             return tuner.fit()
         with progress:
-            return tuner.fit()
+            try:
+                return tuner.fit()
+            finally:
+                if finish is not None:
+                    finish()
     finally:
         if SIGNALS is not None:
             SIGNALS.tune_running = False

@@ -92,6 +92,23 @@ def test_failed_seeds_stay_on_the_bar_when_nothing_runs() -> None:
     assert re.search(r"2/4 2 failed .*eta 0:00:00$", _render(console, buf, cb))
 
 
+def test_a_stopped_study_leaves_no_running_bundle_on_the_bar() -> None:
+    """SIGINT mid-bundle: Tune reports no completion for the stopped trial, so the last frame
+    showed "1 running, step 17..." and a countdown; it shows the counts only."""
+    console, buf = _bar(120)
+    cb = ProgressCallback("study s: seeds", 4, 0, [1] * 4, [""] * 4, progress=progress_bar(console))
+    cb.started -= 60.0
+    first, second = (Trial("fineline", config={"unit_index": i}, stub=True) for i in (0, 1))
+    cb.on_trial_result(1, [first], first, {"committed_seeds": [
+        {"seed": 0, "status": "ok", "selected": "epoch 3", "value": 0.5}]})
+    cb.on_trial_result(2, [second], second, RUNNING)
+    assert "7 running" in _render(console, buf, cb)
+    cb.finish()
+    line = _render(console, buf, cb)
+    assert "running" not in line and "val accuracy" not in line, line
+    assert re.search(r"1/4 +\d:\d\d:\d\d eta -:--:--$", line), line
+
+
 def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
     lines: list[str] = []
     cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)
