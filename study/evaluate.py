@@ -256,7 +256,7 @@ class _Datasets:
 def latest_runs(out: Path, name: str) -> dict[tuple[str, int], dict[str, Any]]:
     """The committed runs rows of ``name`` by (trial_id, seed), the latest commit of each
     (as the ``runs`` view keeps it)."""
-    cols = ["trial_id", "seed", "unit_id", "weights", "committed_at"]
+    cols = ["trial_id", "seed", "unit_id", "weights", "committed_at", "files"]
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     for r in read_rows(out, name, "runs", cols):
         key = (str(r["trial_id"]), int(r["seed"]))
@@ -298,6 +298,14 @@ def _load(out: Path, name: str, key: tuple[str, int], run: dict[str, Any]) -> Ke
     )
     if not path.is_file():
         raise StudyStateError(f"kept weights {path} are missing. Fix: {fix}")
+    from study.check import verify_file
+
+    # torch.load does not notice a changed byte inside a tensor: check the file against what
+    # the seed's commit recorded (runs.files; commits before checksums recorded none)
+    for record in json.loads(run.get("files") or "[]"):
+        if record.get("table") == "weights" and record.get("path") == rel:
+            if (problem := verify_file(out, record)) is not None:
+                raise StudyStateError(f"kept weights {path} are damaged ({problem}). Fix: {fix}")
     try:
         state, meta = load_weights(path)
     except Exception as exc:  # a truncated or foreign file: torch raises many kinds
