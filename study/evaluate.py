@@ -303,9 +303,9 @@ def _load(out: Path, name: str, key: tuple[str, int], run: dict[str, Any]) -> Ke
     # torch.load does not notice a changed byte inside a tensor: check the file against what
     # the seed's commit recorded (runs.files; commits before checksums recorded none)
     for record in json.loads(run.get("files") or "[]"):
-        if record.get("table") == "weights" and record.get("path") == rel:
-            if (problem := verify_file(out, record)) is not None:
-                raise StudyStateError(f"kept weights {path} are damaged ({problem}). Fix: {fix}")
+        weights = record.get("table") == "weights" and record.get("path") == rel
+        if weights and (problem := verify_file(out, record)) is not None:
+            raise StudyStateError(f"kept weights {path} are damaged ({problem}). Fix: {fix}")
     try:
         state, meta = load_weights(path)
     except Exception as exc:  # a truncated or foreign file: torch raises many kinds
