@@ -94,6 +94,10 @@ class StudyCheck:
     unverified: int = 0
     """Runs and evaluations committed before commits recorded their files (read only)."""
     damage: list[Damage] = field(default_factory=list)
+    out: Path | None = None
+    not_committed: int = 0
+    """Runs the manifest plans that have no committed runs row (a seed study): never run, or
+    quarantined and not (yet) trained again, e.g. after an interrupted repair."""
 
     @property
     def damaged_runs(self) -> set[tuple[str, int]]:
@@ -106,13 +110,17 @@ class StudyCheck:
     def summary(self) -> str:
         what = f"{_n(self.runs, 'run')} and {_n(self.evaluations, 'evaluation')} checked"
         old = f", {self.unverified} unverified (committed before checksums)" if self.unverified else ""
+        pending = (
+            f"; {_n(self.not_committed, 'planned run')} not committed (`study resume {self.study} --out "
+            f"{self.out}` runs {'it' if self.not_committed == 1 else 'them'})" if self.not_committed else ""
+        )
         if not self.damage:
-            return f"study {self.study}: {what}{old}: no damage"
+            return f"study {self.study}: {what}{old}: no damage{pending}"
         runs, evals = len(self.damaged_runs), len(self.damaged_evaluations)
         files = sum(d.unit == "file" for d in self.damage)
         parts = [_n(runs, "run")] + ([_n(evals, "evaluation")] if evals else [])
         parts += [_n(files, "file no commit names", "files no commit names")] if files else []
-        return f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)})"
+        return f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)}){pending}"
 
 
 def _n(count: int, one: str, many: str | None = None) -> str:
@@ -222,7 +230,7 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     only the cheap part (files present with their sizes; runs files readable), as
     ``study run`` does before planning."""
     out = Path(out)
-    found = StudyCheck(study)
+    found = StudyCheck(study, out=out)
     runs, bad_runs = committed_runs(out, study)
     recorded: set[str] = set()
     for path in bad_runs:
@@ -247,7 +255,23 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     if thorough:
         _check_evaluations(out, study, runs, found, recorded)
         _check_other_files(out, study, found, recorded)
+        found.not_committed = _not_committed(out, study, runs)
     return found
+
+
+def _not_committed(out: Path, study: str, runs: dict[tuple[str, int], Any]) -> int:
+    """Planned runs of seed study ``study`` without a committed runs row (0 for a tuning study,
+    or without a readable manifest)."""
+    from analysis.errors import AnalysisError
+    from analysis.manifest import load_manifest
+
+    try:
+        m = load_manifest(out, study)
+    except AnalysisError:
+        return 0
+    if m is None or m.kind == "tune" or m.planned is None:
+        return 0
+    return max(int(m.planned) - len(runs), 0)
 
 
 def _check_evaluations(out: Path, study: str, runs: dict[tuple[str, int], Any], found: StudyCheck,

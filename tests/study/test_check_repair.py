@@ -254,3 +254,17 @@ def test_a_file_damaged_inside_is_left_out_of_analyze_and_report_and_named_by_sq
     assert f"study check --out {out}" in res.stderr, res.stderr
     res = study("check", "--out", str(out), check=False)
     assert res.returncode == 1 and path.name in res.stdout, res.stdout + res.stderr
+
+
+def test_check_names_planned_runs_that_are_not_committed(tmp_path: Path) -> None:
+    """A seed quarantined by a repair that was then killed (or never run) has no runs row: the
+    check found "no damage" and said nothing of it, so an interrupted repair looked finished.
+    It now counts the manifest's planned runs that are not committed and names the resume."""
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=3)
+    runs = sorted((out / "tables" / "runs" / "study=demo").glob("*.parquet"))
+    assert len(runs) == 3
+    runs[0].unlink()  # as a quarantine leaves it
+    res = study("check", "demo", "--out", str(out))
+    assert (f"study demo: 2 runs and 0 evaluations checked, 2 unverified (committed before checksums): "
+            f"no damage; 1 planned run not committed (`study resume demo --out {out}` runs it)") in res.stdout, res.stdout
