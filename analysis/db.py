@@ -42,11 +42,13 @@ disk. :func:`run_sql` on top accepts only ``SELECT``-like statements.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -226,11 +228,15 @@ def _no_null_types(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in schema])
 
 
-def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset | pa.Table:
-    """An Arrow dataset over ``table``'s files (an empty typed table when it has none)."""
+def _source(
+    out: Path, table: str, studies: Sequence[str] | None, skip: frozenset[str] = frozenset()
+) -> ds.Dataset | pa.Table:
+    """An Arrow dataset over ``table``'s files but ``skip`` (an empty typed table when it has none)."""
     schemas = [SCHEMAS[table], *([FILE_ONLY[table]] if table in FILE_ONLY else [])]
     files = []
     for f in table_files(out, table, studies):
+        if str(f) in skip:
+            continue
         try:
             schemas.append(pq.read_schema(f).remove_metadata())
             files.append(f)
@@ -250,6 +256,24 @@ def _source(out: Path, table: str, studies: Sequence[str] | None) -> ds.Dataset 
         partitioning=part,
         partition_base_dir=root,
     )
+
+
+def _in_memory(out: Path, table: str, studies: Sequence[str] | None, src: ds.Dataset) -> pa.Table:
+    """``src`` read into memory; a file damaged inside (its footer reads, its pages do not)
+    is left out with the same warning as an unreadable one, so the rest still loads."""
+    try:
+        return src.to_table()
+    except (OSError, pa.ArrowException):
+        pass
+    bad = set()
+    for f in src.files:
+        try:
+            pq.read_table(f)
+        except (OSError, pa.ArrowException) as e:
+            _warn_damaged(out, Path(f), e)
+            bad.add(str(f))
+    rest = _source(out, table, studies, frozenset(bad))
+    return rest.to_table() if isinstance(rest, ds.Dataset) else rest
 
 
 _WARNED: set[Path] = set()
@@ -296,7 +320,7 @@ def connect(
     for t in in_memory:
         src = sources[t]
         if isinstance(src, ds.Dataset):
-            sources[t] = src.to_table()
+            sources[t] = _in_memory(out, t, studies, src)
     if not read_only:
         con = duckdb.connect(":memory:")
         _register(con, sources)
@@ -351,6 +375,34 @@ def _check_read_only(query: str) -> str:
     return query
 
 
+def damaged_inside(error: BaseException, out: Path) -> AnalysisError | None:
+    """The error to show when a query failed on a results file whose footer reads (so the
+    views kept it) but whose pages are damaged, naming the table and the fix; None for any
+    other error."""
+    damaged = re.search(r"stream registered as '_(\w+)_raw' failed", str(error))
+    if not isinstance(error, duckdb.Error) or damaged is None:
+        return None
+    table = damaged.group(1)
+    return AnalysisError(
+        f"{'an' if table[0] in 'aeiou' else 'a'} {table} file cannot be read "
+        f"({str(error).splitlines()[0][:300]}): it is damaged inside (its footer reads, so the "
+        f"views did not leave it out). Fix: `study check --out {out}` names it; "
+        f"`study check NAME --repair --out {out}` re-runs its seed"
+    )
+
+
+@contextlib.contextmanager
+def naming_damage(out: Path) -> Iterator[None]:
+    """Turn a query's failure on a file damaged inside into :func:`damaged_inside`'s error
+    (``study analyze``, ``study report``: they run many queries)."""
+    try:
+        yield
+    except duckdb.Error as e:
+        if (damaged := damaged_inside(e, out)) is not None:
+            raise damaged from e
+        raise
+
+
 def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None = 200) -> str:
     """Run one read-only SQL statement over the views of ``out`` and format the result.
 
@@ -369,6 +421,8 @@ def run_sql(out: Path, query: str, fmt: str = "table", *, max_rows: int | None =
             f"study sql is read-only and reads only the views ({', '.join(VIEWS)}): {e}"
         ) from e
     except duckdb.Error as e:
+        if (damaged := damaged_inside(e, out)) is not None:
+            raise damaged from e
         raise AnalysisError(
             f"SQL error: {e}. The views are {', '.join(VIEWS)}; "
             "try 'DESCRIBE runs' to see their columns"

@@ -97,6 +97,9 @@ class StudyCheck:
     damage: list[Damage] = field(default_factory=list)
     out: Path | None = None
     """The results folder checked (for the fix a damaged manifest prints)."""
+    not_committed: int = 0
+    """Runs the manifest plans that have no committed runs row (a seed study): never run, or
+    quarantined and not (yet) trained again, e.g. after an interrupted repair."""
 
     @property
     def damaged_runs(self) -> set[tuple[str, int]]:
@@ -109,8 +112,12 @@ class StudyCheck:
     def summary(self) -> str:
         what = f"{_n(self.runs, 'run')} and {_n(self.evaluations, 'evaluation')} checked"
         old = f", {self.unverified} unverified (committed before checksums)" if self.unverified else ""
+        pending = (
+            f"; {_n(self.not_committed, 'planned run')} not committed (`study resume {self.study} --out "
+            f"{self.out}` runs {'it' if self.not_committed == 1 else 'them'})" if self.not_committed else ""
+        )
         if not self.damage:
-            return f"study {self.study}: {what}{old}: no damage"
+            return f"study {self.study}: {what}{old}: no damage{pending}"
         runs, evals = len(self.damaged_runs), len(self.damaged_evaluations)
         files = sum(d.unit == "file" for d in self.damage)
         manifest = [d.file for d in self.damage if d.unit == "manifest"]
@@ -118,7 +125,7 @@ class StudyCheck:
         parts += [_n(evals, "evaluation")] if evals else []
         parts += [_n(files, "file no commit names", "files no commit names")] if files else []
         parts += ["the manifest"] if manifest else []
-        line = f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)})"
+        line = f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)}){pending}"
         if manifest:  # --repair re-runs from the manifest, so it cannot re-create one
             out = f" --out {self.out}" if self.out is not None else ""
             path = self.out / manifest[0] if self.out is not None else manifest[0]
@@ -265,6 +272,7 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
         _check_evaluations(out, study, runs, found, recorded)
         _check_other_files(out, study, found, recorded)
         _check_manifest(out, study, found)
+        found.not_committed = _not_committed(out, study, runs)
     return found
 
 
@@ -282,6 +290,21 @@ def _check_manifest(out: Path, study: str, found: StudyCheck) -> None:
         why = str(exc).split(" is damaged (", 1)[-1].split(". Fix: ", 1)[0].removesuffix(")")
         found.damage.append(Damage(study, None, None, "manifest", _rel(out, path),
                                    f"does not read as a manifest ({why})", "manifest"))
+
+
+def _not_committed(out: Path, study: str, runs: dict[tuple[str, int], Any]) -> int:
+    """Planned runs of seed study ``study`` without a committed runs row (0 for a tuning study,
+    or without a readable manifest)."""
+    from analysis.errors import AnalysisError
+    from analysis.manifest import load_manifest
+
+    try:
+        m = load_manifest(out, study)
+    except AnalysisError:
+        return 0
+    if m is None or m.kind == "tune" or m.planned is None:
+        return 0
+    return max(int(m.planned) - len(runs), 0)
 
 
 def _check_evaluations(out: Path, study: str, runs: dict[tuple[str, int], Any], found: StudyCheck,

@@ -135,10 +135,15 @@ def run(
             typer.echo(f"note: {config} has a tune: block, which `study tune` searches with; `study run` "
                        "trains the file's own config(s) x seeds without it", err=True)
     counts = run_study(cfg, study_name, out, address, num_cpus, extra_manifest=extra)
-    typer.echo(
-        f"study {study_name}: {counts['done']}/{counts['planned']} runs committed "
-        f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {study_name} --out {out}; "
-        f"study report {study_name} --out {out}; study status {study_name} --out {out}"
+    typer.echo(_finished(study_name, out, counts))
+
+
+def _finished(name: str, out: Path, counts: dict[str, int]) -> str:
+    """The last line of a finished `study run` / `study resume`: counts and what to run next."""
+    return (
+        f"study {name}: {counts['done']}/{counts['planned']} runs committed "
+        f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {name} --out {out}; "
+        f"study report {name} --out {out}; study status {name} --out {out}"
     )
 
 
@@ -179,7 +184,7 @@ def resume(
         return
     cfg, extra = recorded_study(out, name, m)
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
-    typer.echo(f"study {name}: {counts['done']}/{counts['planned']} runs committed")
+    typer.echo(_finished(name, out, counts))
 
 
 @app.command()
@@ -322,6 +327,7 @@ def analyze(
     events, seeds needed and the seeds x examples Multi-Bootstrap."""
     from functools import partial
 
+    from analysis.db import naming_damage
     from analysis.report import analyze as do_analyze
 
     do_analyze = partial(do_analyze, events=event, half_width=half_width, difference=difference,
@@ -332,10 +338,12 @@ def analyze(
 
         from analysis.formatting import format_rows
 
-        doc = json.loads(do_analyze(out, name, "json", n_boot=n_boot))
+        with naming_damage(out):
+            doc = json.loads(do_analyze(out, name, "json", n_boot=n_boot))
         typer.echo(format_rows(doc["summary"], "csv"))
         return
-    typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
+    with naming_damage(out):
+        typer.echo(do_analyze(out, name, fmt, n_boot=n_boot))
 
 
 @app.command()
@@ -348,6 +356,7 @@ def report(
     verdict_split: VerdictSplitOpt = None,
 ) -> None:
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
+    from analysis.db import naming_damage
     from analysis.report import write_report
 
     if band not in ("ci", "minmax"):  # before any results are read
@@ -358,7 +367,8 @@ def report(
             raise ConfigError("--to", f"{to} cannot be written: {blocker} is a file, not a folder",
                               "give a path under a folder (e.g. --to report.html or --to charts/)")
 
-    path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
+    with naming_damage(out):
+        path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 
 

@@ -132,7 +132,7 @@ def _evaluate(
             "again under a new name with execution.keep_weights: true "
             f"(the default), `study run CONFIG --name NEW --out {out}`, then `study eval NEW --out {out}`"
         )
-    kept = [_load(out, key, r) for key, r in sorted(kept_rows.items())]
+    kept = [_load(out, name, key, r) for key, r in sorted(kept_rows.items())]
     summary.kept = len(kept)
     data = _Datasets()
     current: dict[tuple[str, int], dict[str, Split]] = {}  # (trial, data seed) -> test splits
@@ -256,7 +256,7 @@ class _Datasets:
 def latest_runs(out: Path, name: str) -> dict[tuple[str, int], dict[str, Any]]:
     """The committed runs rows of ``name`` by (trial_id, seed), the latest commit of each
     (as the ``runs`` view keeps it)."""
-    cols = ["trial_id", "seed", "unit_id", "weights", "committed_at"]
+    cols = ["trial_id", "seed", "unit_id", "weights", "committed_at", "files"]
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     for r in read_rows(out, name, "runs", cols):
         key = (str(r["trial_id"]), int(r["seed"]))
@@ -286,17 +286,26 @@ def _markers(out: Path, name: str) -> dict[tuple[str, int, str], dict[str, Any]]
     return found
 
 
-def _load(out: Path, key: tuple[str, int], run: dict[str, Any]) -> Kept:
+def _load(out: Path, name: str, key: tuple[str, int], run: dict[str, Any]) -> Kept:
     """The kept weights a runs row names, checked to be that (trial, seed)'s."""
     trial_id, seed = key
     rel = str(run["weights"])
     path = out / rel
     fix = (
-        f"restore {path} from a backup (the runs row of trial {trial_id} seed {seed} names it); "
-        "the other seeds are evaluated once it is back"
+        f"restore {path} from a backup (the runs row of trial {trial_id} seed {seed} names it), "
+        f"or `study check {name} --repair --out {out}`, which trains exactly that seed again "
+        "(same seeds, same numbers) and keeps its weights; the other seeds are evaluated once it is back"
     )
     if not path.is_file():
         raise StudyStateError(f"kept weights {path} are missing. Fix: {fix}")
+    from study.check import verify_file
+
+    # torch.load does not notice a changed byte inside a tensor: check the file against what
+    # the seed's commit recorded (runs.files; commits before checksums recorded none)
+    for record in json.loads(run.get("files") or "[]"):
+        weights = record.get("table") == "weights" and record.get("path") == rel
+        if weights and (problem := verify_file(out, record)) is not None:
+            raise StudyStateError(f"kept weights {path} are damaged ({problem}). Fix: {fix}")
     try:
         state, meta = load_weights(path)
     except Exception as exc:  # a truncated or foreign file: torch raises many kinds

@@ -64,7 +64,12 @@ class ProgressCallback(Callback):
         a trial that never reported no config, so they cannot say which)."""
         self.metric = ""
         self.started = self.last_line = time.monotonic()
-        self.bar = progress.add_task(title, total=total, completed=done, info="") if progress else None
+        self.done_at_start = done
+        self.ended = False
+        """Set by :meth:`finish`: seeds still left will not run in this driver."""
+        self.last_commit = self.started
+        """When the latest seed committed (the ETA extrapolates from it)."""
+        self.bar = progress.add_task(title, total=total, completed=done, info="", eta=self.eta()) if progress else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "progress": None, "emit": None}
@@ -85,10 +90,28 @@ class ProgressCallback(Callback):
             parts.append(f"{self.metric} {statistics.median(values):.4g} [{min(values):.4g}, {max(values):.4g}]")
         return ", ".join(parts)
 
+    def eta(self, now: float | None = None) -> str:
+        """Time left, ``H:MM:SS``: the mean time per seed committed by this driver so far,
+        times the seeds left, counted down from the latest commit (``-:--:--`` before the
+        first). Rich's own estimate only looks at the last 30 s, so it is blank whenever
+        seeds commit further apart than that (most studies)."""
+        ran, left_seeds = self.done - self.done_at_start, self.total - self.done - self.failed
+        if left_seeds <= 0:  # every seed committed or failed: nothing is left to wait for
+            return _clock(0)
+        if ran <= 0 or self.ended:  # nothing committed yet, or stopped with seeds left
+            return "-:--:--"
+        per_seed = (self.last_commit - self.started) / ran
+        left = self.last_commit + per_seed * left_seeds - (time.monotonic() if now is None else now)
+        return _clock(max(left, 0.0))
+
+    def info(self) -> str:
+        """The bar's text: failed seeds, running bundles and their metric (no committed count:
+        the bar shows it)."""
+        return ", ".join(self.summary().split(", ")[1:])
+
     def _show(self) -> None:
         if self.progress is not None and self.bar is not None:
-            self.progress.update(self.bar, completed=self.done, info=self.summary().split(", ", 1)[-1]
-                                 if self.running else "")
+            self.progress.update(self.bar, completed=self.done, info=self.info(), eta=self.eta())
         now = time.monotonic()
         if self.emit is not None and now - self.last_line >= self.every_s:
             self._line(f"{self.summary()} ({_clock(now - self.started)})")
@@ -98,6 +121,13 @@ class ProgressCallback(Callback):
         if self.emit is not None:
             self.emit(f"{self.title}: {text}")
 
+    def finish(self) -> None:
+        """The study has stopped (finished, failed or interrupted): nothing runs any more, so
+        the bar's last frame shows no running bundle or metric."""
+        self.running.clear()
+        self.ended = True
+        self._show()
+
     # ----------------------------------------------------------------- Tune hooks
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         values = result.get("sel_values") or []
@@ -105,6 +135,7 @@ class ProgressCallback(Callback):
         self.running[trial.trial_id] = Running(str(result.get("at", "")), int(result.get("active", 0)), list(values))
         for seed in result.get("committed_seeds") or []:
             self.done += 1
+            self.last_commit = time.monotonic()
             point = self.points[trial.config["unit_index"]]
             value = seed.get("value")
             shown = f", {self.metric} {value:.4g}" if value is not None and self.metric else ""
@@ -120,6 +151,8 @@ class ProgressCallback(Callback):
         """Every turn of Tune's loop (a few per second): the heartbeat is due by the clock,
         not only when a bundle reports (a bundle's round can take minutes)."""
         now = time.monotonic()
+        if self.progress is not None and self.bar is not None:
+            self.progress.update(self.bar, eta=self.eta(now))  # counts down between commits
         if self.emit is not None and now - self.last_line >= self.every_s:
             self._line(f"{self.summary()} ({_clock(now - self.started)})")
 
@@ -130,8 +163,10 @@ class ProgressCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.running.pop(trial.trial_id, None)
         self.failed_units.append(trial.config["unit_index"])
-        self.failed += self.unit_sizes[trial.config["unit_index"]]
-        self._line(f"a trial of {self.unit_sizes[trial.config['unit_index']]} seed(s) failed after its retries")
+        index = trial.config["unit_index"]
+        self.failed += self.unit_sizes[index]
+        point = f" ({self.points[index]})" if self.points[index] else ""
+        self._line(f"a trial of {self.unit_sizes[index]} seed(s){point} failed after its retries")
         self._show()
 
 

@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,12 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.table import Column
+from rich.text import Text
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
@@ -527,11 +529,7 @@ def launch(
     points = [_point_label(p["point_json"]) for p in payloads]
     title = f"study {name}"
     if console.is_terminal:
-        progress: Progress | None = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), console=console,
-        )
+        progress: Progress | None = progress_bar()
         callback = ProgressCallback(f"{title}: seeds", planned, already, sizes, points, progress=progress)
     else:  # a log: lines, not a bar
         progress = None
@@ -560,7 +558,7 @@ def launch(
             ),
         ),
     )
-    results = fit(tuner, progress)
+    results = fit(tuner, progress, callback.finish)
     # A trial that failed before its first result has no config in Tune's results: the
     # callback saw every failure.
     failed = [payloads[i] for i in sorted(set(callback.failed_units))]
@@ -571,6 +569,29 @@ def launch(
     return failed
 
 
+def progress_bar(target: Console | None = None) -> Progress:
+    """The terminal's bar: ``title ━━━ done/planned info elapsed eta``. The info (failed and
+    running seeds, the selection metric) is the one column that shrinks, with an ellipsis,
+    on a narrow terminal: the counts, the clock and the ETA always show. The ETA is the
+    callback's (``eta`` field, :meth:`study.progress.ProgressCallback.eta`)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        _InfoColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
+        console=target or console,
+    )
+
+
+class _InfoColumn(ProgressColumn):
+    """``task.fields['info']`` on one line, cut with an ellipsis when the terminal is narrow
+    (a wrappable table column, so the table shrinks this one first; a no-wrap text)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=False, overflow="ellipsis"))
+
+    def render(self, task: Any) -> Text:
+        return Text(str(task.fields.get("info", "")), no_wrap=True, overflow="ellipsis")
+
+
 def failure_text(error: BaseException) -> str:
     """A trial's error as the driver prints it: fineline's own error (a FinelineError raised
     in the worker, e.g. a node without the results folder) as its one line with its fix,
@@ -578,15 +599,18 @@ def failure_text(error: BaseException) -> str:
     type and the end of its text (the traceback is in Ray's log above)."""
     seen: set[int] = set()
     cause: BaseException | None = error
+    innermost = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
         if isinstance(inner, BaseException):
-            cause = inner
+            cause = innermost = inner
             continue
         if isinstance(cause, FinelineError):
             return str(cause)
         cause = cause.__cause__
+    if innermost is not error and str(innermost):  # the worker's own exception, in one line
+        return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
     return f"{type(error).__name__}: {str(error)[-2000:]}"
 
 
@@ -595,10 +619,11 @@ def _point_label(point_json: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in json.loads(point_json).items())
 
 
-def fit(tuner: Any, progress: Progress | None = None) -> Any:
+def fit(tuner: Any, progress: Progress | None = None, finish: Callable[[], None] | None = None) -> Any:
     """``tuner.fit()`` with fineline's signal handling armed (SIGINT / SIGTERM stop it
     gracefully) and Tune's own "trials did not complete" log line silenced (fineline
-    reports committed counts itself)."""
+    reports committed counts itself). ``finish`` runs before the bar's last frame (it
+    clears what was running: a stopped study leaves no bundle shown as running)."""
     tune_log = logging.getLogger("ray.tune.tune")
     level = tune_log.level
     tune_log.setLevel(logging.CRITICAL)
@@ -608,7 +633,11 @@ def fit(tuner: Any, progress: Progress | None = None) -> Any:
         if progress is None:
             return tuner.fit()
         with progress:
-            return tuner.fit()
+            try:
+                return tuner.fit()
+            finally:
+                if finish is not None:
+                    finish()
     finally:
         if SIGNALS is not None:
             SIGNALS.tune_running = False

@@ -58,3 +58,8 @@ def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
     tb = 'Traceback (most recent call last):\n  File "m.py", line 3\nValueError: shapes (3,) and (4,) differ'
     other = RayTaskError("train", tb, ValueError("shapes (3,) and (4,) differ"))  # not ours: its text
     assert failure_text(other).startswith("RayTaskError") and "shapes (3,) and (4,) differ" in failure_text(other)
+    # a long traceback: the worker's exception and its message, not the text's last 2,000
+    # characters (which began mid-line: "unit failed: RayTaskError(RuntimeError): y-return]")
+    long_tb = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n    y-return]\n' * 200
+    boom = RayTaskError("train", long_tb + "RuntimeError: boom", RuntimeError("boom"))
+    assert failure_text(boom.as_instanceof_cause()) == "RayTaskError(RuntimeError): RuntimeError: boom"

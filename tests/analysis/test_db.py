@@ -276,6 +276,21 @@ def test_run_sql_reports_sql_errors(out: Path) -> None:
         run_sql(out, "SELECT 1", "xml")
 
 
+def test_a_file_damaged_inside_fails_its_query_with_the_fix(out: Path) -> None:
+    """A Parquet file whose footer reads but whose pages are garbage stays in the views; a
+    query reading it says which table is damaged and how to find and mend the file
+    (before: DuckDB's "Couldn't deserialize thrift" and a hint to DESCRIBE runs)."""
+    path = out / "tables" / "predictions" / "study=s1" / "t1-1.parquet"
+    raw = bytearray(path.read_bytes())
+    pages_end = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")  # where the footer starts
+    raw[4:pages_end] = b"Z" * (pages_end - 4)  # the pages, not the footer
+    path.write_bytes(bytes(raw))
+    with pytest.raises(AnalysisError, match=r"a predictions file cannot be read .*damaged inside.*"
+                       r"study check --out .*study check NAME --repair"):
+        run_sql(out, "SELECT * FROM predictions WHERE study = 's1'")
+    assert run_sql(out, "SELECT count(*) AS n FROM predictions WHERE study = 's2'", "csv").splitlines()[1] == "4"
+
+
 def test_run_sql_formats(out: Path) -> None:
     q = "SELECT seed, value FROM evals WHERE study = 's1' ORDER BY seed"
     rows = list(csv.DictReader(io.StringIO(run_sql(out, q, "csv"))))

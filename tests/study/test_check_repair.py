@@ -257,3 +257,43 @@ def test_a_damaged_manifest_is_damage(tmp_path: Path, capsys: Any, content: byte
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "is damaged" in err[0] and "Fix: restore" in err[0], err
     assert manifest.read_bytes() == content  # nothing moved or rewritten
+
+
+def test_a_file_damaged_inside_is_left_out_of_analyze_and_report_and_named_by_sql(tmp_path: Path) -> None:
+    """An evals file whose footer reads but whose pages are garbage: `study analyze` and
+    `study report` (which read evals into memory) leave it out with the views' warning
+    naming it and go on (before: a DuckDB / Arrow traceback or "Fix: check the path and the
+    disk"); `study sql` reading it stops with one error line naming the table and `study
+    check`; `study check` names the file."""
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=3)
+    path = sorted((out / "tables" / "evals" / "study=demo").glob("*.parquet"))[0]
+    raw = bytearray(path.read_bytes())
+    pages_end = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")  # where the footer starts
+    raw[4:pages_end] = b"Z" * (pages_end - 4)
+    path.write_bytes(bytes(raw))
+    for args in (["analyze", "demo"], ["report", "demo", "--to", str(tmp_path / "r.html")]):
+        res = study(*args, "--out", str(out), check=False)
+        assert res.returncode == 0, (args, res.stdout, res.stderr)
+        assert f"warning: {path} cannot be read" in res.stderr and "study check demo --repair" in res.stderr
+    assert "3 runs done of 3 planned" in study("analyze", "demo", "--out", str(out)).stdout
+    res = study("sql", "SELECT * FROM evals", "--out", str(out), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("error: an evals file cannot be read"), res.stderr
+    assert f"study check --out {out}" in res.stderr, res.stderr
+    res = study("check", "--out", str(out), check=False)
+    assert res.returncode == 1 and path.name in res.stdout, res.stdout + res.stderr
+
+
+def test_check_names_planned_runs_that_are_not_committed(tmp_path: Path) -> None:
+    """A seed quarantined by a repair that was then killed (or never run) has no runs row: the
+    check found "no damage" and said nothing of it, so an interrupted repair looked finished.
+    It now counts the manifest's planned runs that are not committed and names the resume."""
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=3)
+    runs = sorted((out / "tables" / "runs" / "study=demo").glob("*.parquet"))
+    assert len(runs) == 3
+    runs[0].unlink()  # as a quarantine leaves it
+    res = study("check", "demo", "--out", str(out))
+    assert (f"study demo: 2 runs and 0 evaluations checked, 2 unverified (committed before checksums): "
+            f"no damage; 1 planned run not committed (`study resume demo --out {out}` runs it)") in res.stdout, res.stdout

@@ -145,6 +145,48 @@ def test_eval_refuses_a_split_that_is_not_a_test_split(tiny: Path, capsys: Any) 
     assert files(tiny) == written
 
 
+def test_missing_kept_weights_are_refused_naming_the_repair(tiny: Path, tmp_path: Path, capsys: Any) -> None:
+    """A seed's kept weights deleted: the refusal names `study check --repair` (which trains
+    exactly that seed again, weights included), not only a backup."""
+    out = tmp_path / "copy"
+    shutil.copytree(tiny, out)
+    victim = sorted((out / "tiny" / "weights").glob("*/seed-*.pt"))[0]
+    victim.unlink()
+    code, _, err = in_process(capsys, "eval", "tiny", "--out", str(out))
+    assert code == 2, err
+    assert err.startswith(f"error: kept weights {victim} are missing. Fix: restore {victim} from a backup"), err
+    assert f"or `study check tiny --repair --out {out}`, which trains exactly that seed again" in err, err
+
+
+def test_kept_weights_changed_inside_are_refused_not_evaluated(tiny: Path, tmp_path: Path, capsys: Any) -> None:
+    """One byte of a tensor flipped in a kept-weights file: torch.load reads it without a
+    word (the zip's CRC is not checked), so study eval evaluated the altered parameters and
+    committed their numbers; it now checks the file against its commit's sha256 first."""
+    import zipfile
+
+    import torch
+
+    out = tmp_path / "copy"
+    shutil.copytree(tiny, out)
+    victim = sorted((out / "tiny" / "weights").glob("*/seed-*.pt"))[0]
+    with zipfile.ZipFile(victim) as z:
+        entry = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size >= 16)
+    raw = bytearray(victim.read_bytes())
+    header = entry.header_offset
+    start = header + 30 + int.from_bytes(raw[header + 26 : header + 28], "little") + int.from_bytes(
+        raw[header + 28 : header + 30], "little")
+    raw[start + 2] ^= 0x40  # inside the first float of that tensor
+    victim.write_bytes(bytes(raw))
+    torch.load(victim, weights_only=True)  # reads: the damage is silent to torch
+    written = files(out)
+    code, _, err = in_process(capsys, "eval", "tiny", "--out", str(out), "--split", "long")
+    assert code == 2, err
+    assert err.startswith(f"error: kept weights {victim} are damaged (content differs from what its commit "
+                          "wrote (sha256))"), err
+    assert "study check tiny --repair" in err, err
+    assert files(out) == written  # nothing evaluated, nothing written
+
+
 @pytest.mark.slow  # ~34 s: a study and eight CLI calls
 def test_a_split_added_then_changed_in_code_is_evaluated_without_retraining(tmp_path: Path) -> None:
     home = tmp_path / "study"

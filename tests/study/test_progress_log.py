@@ -48,6 +48,13 @@ def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next
     assert lines[-1].startswith("study logged: 4/4 runs committed") and "Next: study analyze logged" in lines[-1]
     assert "study report logged" in lines[-1] and "SELECT ..." not in lines[-1], "next commands, no placeholder"
     assert "━" not in text and "\x1b[" not in text, "no terminal bar or escape codes in a log"
+    # `study resume` ends the same way (it printed only "4/4 runs committed")
+    res = subprocess.run([sys.executable, "-m", "study.cli", "resume", "logged", "--out", str(out)],
+                         capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith("study logged: 4/4 runs committed (0 run now)"), last
+    assert f"Next: study analyze logged --out {out}; study report logged --out {out}" in last, last
 
 
 @pytest.mark.slow  # ~15 s: waits for heartbeats

@@ -1,0 +1,165 @@
+"""Progress on a terminal: the live bar keeps its seed counts, its clock and its ETA on an
+80-column terminal, the ETA is known once a seed has committed (however far apart seeds
+commit), failed seeds stay shown, and the end leaves nothing stale.
+
+The fast tests drive the real callback (:class:`study.progress.ProgressCallback`) with Ray
+Tune's own ``Trial`` objects and render the real bar (:func:`study.runner.progress_bar`)
+into a rich console of a given width; the slow one runs a study under a pseudo-terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.tune.experiment import Trial
+from rich.console import Console
+
+from study.progress import ProgressCallback
+from study.runner import progress_bar
+
+
+def _bar(width: int = 80) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=width, force_terminal=True, color_system=None), buf
+
+
+def _render(console: Console, buf: io.StringIO, callback: ProgressCallback) -> str:
+    assert callback.progress is not None
+    buf.seek(0)
+    buf.truncate()
+    console.print(callback.progress.make_tasks_table(callback.progress.tasks))
+    return buf.getvalue().rstrip("\n")
+
+
+RUNNING = {"at": "epoch 12", "active": 7, "sel_metric": "val accuracy",
+           "sel_values": [0.9731, 0.9123, 0.9871, 0.95, 0.96, 0.97, 0.98]}
+
+
+def test_an_80_column_bar_keeps_counts_clock_and_eta_while_bundles_run() -> None:
+    console, buf = _bar(80)
+    cb = ProgressCallback("study quickstart: seeds", 50, 7, [7] * 7, [""] * 7, progress=progress_bar(console))
+    trial = Trial("fineline", config={"unit_index": 0}, stub=True)
+    cb.on_trial_result(1, [trial], trial, RUNNING)
+    line = _render(console, buf, cb)
+    assert len(line) <= 80, line
+    assert "7/50" in line and re.search(r"\d:\d\d:\d\d eta -:--:--$", line), line
+    assert "7 running" in line, line  # the info shows, shortened if need be
+    wide, wbuf = _bar(200)
+    assert "val accuracy 0.97 [0.9123, 0.9871]" in _render(wide, wbuf, cb)
+
+
+def test_eta_is_known_after_the_first_commit_even_minutes_apart() -> None:
+    """Seeds 2 minutes apart: the ETA is the mean time per seed times the seeds left (rich's
+    own estimate, over the last 30 s only, showed -:--:-- for the whole study)."""
+    console, buf = _bar(120)
+    cb = ProgressCallback("study s: seeds", 4, 0, [1] * 4, [""] * 4, progress=progress_bar(console))
+    cb.started -= 120.0  # the first seed took two minutes
+    trial = Trial("fineline", config={"unit_index": 0}, stub=True)
+    assert cb.eta() == "-:--:--"
+    cb.on_trial_result(1, [trial], trial, {"committed_seeds": [
+        {"seed": 0, "status": "ok", "selected": "epoch 3", "value": 0.5}]})
+    left = cb.eta()
+    assert left in ("0:05:59", "0:06:00"), left
+    assert re.search(r"1/4 .*eta 0:0(5:59|6:00)$", _render(console, buf, cb))
+    # it counts down between commits
+    assert cb.eta(time.monotonic() + 60) in ("0:04:59", "0:05:00")
+    assert cb.eta(time.monotonic() + 3600) == "0:00:00"
+
+
+def test_failed_seeds_stay_on_the_bar_when_nothing_runs() -> None:
+    console, buf = _bar(120)
+    cb = ProgressCallback("study s: seeds", 4, 0, [2, 2], ["", ""], progress=progress_bar(console))
+    trial = Trial("fineline", config={"unit_index": 1}, stub=True)
+    cb.on_trial_result(1, [trial], trial, RUNNING)
+    cb.on_trial_error(2, [trial], trial)
+    line = _render(console, buf, cb)
+    assert "0/4" in line and "2 failed" in line and "running" not in line, line
+    # the other bundle commits: nothing is left, so the ETA is 0, not a stale estimate
+    other = Trial("fineline", config={"unit_index": 0}, stub=True)
+    cb.started -= 120.0  # its two seeds took two minutes
+    cb.on_trial_result(3, [other], other, {"committed_seeds": [
+        {"seed": s, "status": "ok", "selected": "epoch 3", "value": 0.5} for s in (0, 1)]})
+    assert cb.eta() == "0:00:00"
+    assert re.search(r"2/4 2 failed .*eta 0:00:00$", _render(console, buf, cb))
+
+
+def test_a_stopped_study_leaves_no_running_bundle_on_the_bar() -> None:
+    """SIGINT mid-bundle: Tune reports no completion for the stopped trial, so the last frame
+    showed "1 running, step 17..." and a countdown; it shows the counts only."""
+    console, buf = _bar(120)
+    cb = ProgressCallback("study s: seeds", 4, 0, [1] * 4, [""] * 4, progress=progress_bar(console))
+    cb.started -= 60.0
+    first, second = (Trial("fineline", config={"unit_index": i}, stub=True) for i in (0, 1))
+    cb.on_trial_result(1, [first], first, {"committed_seeds": [
+        {"seed": 0, "status": "ok", "selected": "epoch 3", "value": 0.5}]})
+    cb.on_trial_result(2, [second], second, RUNNING)
+    assert "7 running" in _render(console, buf, cb)
+    cb.finish()
+    line = _render(console, buf, cb)
+    assert "running" not in line and "val accuracy" not in line, line
+    assert re.search(r"1/4 +\d:\d\d:\d\d eta -:--:--$", line), line
+
+
+def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
+    lines: list[str] = []
+    cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)
+    trial = Trial("fineline", config={"unit_index": 1}, stub=True)
+    cb.on_trial_error(1, [trial], trial)
+    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after its retries"]
+
+
+STUDY = {
+    "name": "barred",
+    "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.01, "max_steps": 3000, "eval_every_steps": 200, "batch_size": 8,
+              "selection": {"split": "train_eval", "metric": "accuracy", "mode": "max", "early_stop": False}},
+    "seeds": {"count": 2},
+    "execution": {"bundle_size": 1, "report_every_s": 0.3},
+}
+
+
+@pytest.mark.slow  # ~25 s: a real study under a pseudo-terminal
+def test_a_study_on_an_80_column_terminal_shows_counts_running_and_eta(tmp_path: Path) -> None:
+    cfg = tmp_path / "barred.yaml"
+    cfg.write_text(yaml.safe_dump(STUDY))
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV", "PYTHONPATH")}
+    env |= {"RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "80", "LINES": "24", "TERM": "xterm"}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(tmp_path / "r"), "--num-cpus", "1"],
+        stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,
+    )
+    os.close(follower)
+    raw = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            raw += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, raw.decode(errors="replace")[-3000:]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode(errors="replace"))
+    frames = [f.strip() for f in re.split(r"[\r\n]", text) if "study barred: seeds" in f]
+    running = [f for f in frames if "running" in f]
+    assert running, text[-3000:]
+    assert all(re.search(r" [012]/2 ", f) and re.search(r"eta (-:--:--|\d:\d\d:\d\d)$", f) for f in running), running
+    assert any(re.search(r" 1/2 .*eta \d:\d\d:\d\d$", f) for f in running), running  # an ETA after seed 0
+    assert re.search(r" 2/2 +\d:\d\d:\d\d eta 0:00:00$", frames[-1]), frames[-1]  # nothing stale
