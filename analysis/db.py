@@ -469,6 +469,16 @@ class StudyInfo:
         return text + (f", {other} other" if other else "")
 
 
+def _manifest_or_warn(out: Path, name: str) -> Any:
+    """``name``'s manifest, or None with a warning when it is damaged: one damaged manifest
+    must not hide every other study from ``study ls``."""
+    try:
+        return load_manifest(out, name)
+    except AnalysisError as exc:
+        print(f"warning: {exc}; study {name} is listed without it", file=sys.stderr)
+        return None
+
+
 def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyInfo]:
     """Every study under ``out`` (with a manifest or with results), sorted by name;
     ``only`` restricts the listing to those names."""
@@ -487,7 +497,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
     names = set(study_names(out)) | set(counts) | set(result_studies(out))
     if only is not None:
         names &= set(only)
-    manifests = {name: load_manifest(out, name) for name in names}
+    manifests = {name: _manifest_or_warn(out, name) for name in names}
     # Task and model from the trials rows only where no manifest says them: scanning the
     # (wide) trials files of every study was most of `study ls` on a large folder.
     need = sorted(n for n, m in manifests.items() if not (m and m.task and m.model))

@@ -11,6 +11,7 @@ starting Ray fails loudly), so the whole corpus takes seconds; a dozen run throu
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import socket
@@ -363,12 +364,6 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("resume-damaged-list", _with_out(_damaged(b"[1, 2]"), "resume", "s"), "study.json is damaged"),
     ("resume-manifest-folder", _with_out(_damaged(None), "resume", "s"), "study.json is damaged"),
     ("status-damaged-json", _with_out(_damaged(b""), "status", "s"), "study.json is damaged"),
-    # the analysis side (ls, analyze, report: analysis.manifest.load_manifest) reads manifests
-    # too: not UTF-8 was a UnicodeDecodeError traceback, and its fix said "the study rewrites
-    # it on its next run" (study run refuses a damaged one)
-    ("ls-damaged-binary", _with_out(_damaged(b"\xff\xfe{}"), "ls"), "Fix: restore "),
-    ("ls-damaged-truncated", _with_out(_damaged(b'{"name": "s", "con'), "ls"), "Fix: restore "),
-    ("ls-damaged-list", _with_out(_damaged(b"[1, 2]"), "ls"), "Fix: restore "),
     ("unknown-command", lambda tmp: ["nosuch"], "nosuch"),
     # report options, checked before any results are read (--band named no option and gave no
     # fix; --to under a file was an OS error "File exists" naming neither, exit 1)
@@ -404,6 +399,32 @@ def test_ray_address_in_the_environment_is_the_address(
     rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--num-cpus", "1"], capsys)
     line = check_refused(rc, err, "error: --num-cpus: ", out, None)
     assert "(from RAY_ADDRESS)" in line and "unset RAY_ADDRESS" in line
+
+
+def test_ls_lists_the_other_studies_beside_a_damaged_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One damaged manifest refused `study ls` for every study; it is now a warning with the
+    fix, and the listing goes on (the damaged study without its manifest's facts). The
+    analysis side reads manifests with ``analysis.manifest.load_manifest``: not UTF-8 was a
+    UnicodeDecodeError traceback, and its fix said "the study rewrites it on its next run"
+    (study run refuses a damaged one); each kind of damage is named with the fix."""
+    for i, bad in enumerate((b'{"name": "s", "con', b"[1, 2]")):
+        rc = cli.cli_main(["ls", "--out", str(_damaged(bad)(tmp_path / str(i)))])
+        assert rc == 0 and "Fix: restore " in capsys.readouterr().err
+    out = _damaged(b"\xff\xfe{}")(tmp_path)
+    good = out / "good" / "study.json"
+    good.parent.mkdir()
+    good.write_text(json.dumps({"name": "good", "kind": "seeds", "task": "toy2d", "model": "mlp",
+                                "config": {}, "seeds": 2, "points": [{"trial_id": "t", "point": {}, "seeds": 2}]}))
+    capsys.readouterr()
+    rc = cli.cli_main(["ls", "--out", str(out), "--format", "json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    listed = {r["name"]: r for r in json.loads(cap.out)}
+    assert set(listed) == {"good", "s"} and listed["good"]["planned"] == 2 and listed["s"]["kind"] is None
+    warnings = [ln for ln in cap.err.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == 1 and "Fix: restore " in warnings[0] and "study s is listed without it" in warnings[0]
 
 
 def test_a_seed_study_under_a_tuning_studys_name_is_refused(
