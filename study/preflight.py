@@ -232,6 +232,10 @@ def check_resources(cfg: StudyConfig, address: str | None, num_cpus: int | None)
             f"set it to at most {machine} (1 is fastest for these small models; raise "
             "execution.cpus_per_trial with it)",
         )
+    if num_cpus is not None and num_cpus > machine:
+        console.print(f"note: --num-cpus {num_cpus} is more than this machine's {machine} CPUs: up to "
+                      f"{num_cpus // max(1, int(ex.cpus_per_trial))} trials at once will share them",
+                      soft_wrap=True, highlight=False)
     cpus = num_cpus or default_cpus()
     if ex.cpus_per_trial > cpus:
         raise ConfigError(

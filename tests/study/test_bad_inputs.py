@@ -671,3 +671,19 @@ def test_bad_input_through_a_real_process(tmp_path: Path, kind: str, case: tuple
 
 def test_the_corpus_is_large_enough() -> None:
     assert len(CONFIGS) + len(RAW) + len(ARGS) + len(DATA) + 6 >= 100
+
+
+def test_more_cpus_than_the_machine_has_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--num-cpus 100000`` on a small machine is allowed (Ray is told what it is told) but
+    said: that many trials would share the machine's cores."""
+    from study.config import load
+    from study.preflight import check_resources
+
+    cfg = load(write(tmp_path, TINY))
+    machine = os.cpu_count() or 1
+    capsys.readouterr()
+    check_resources(cfg, None, machine)
+    assert capsys.readouterr().err == ""
+    check_resources(cfg, None, 100_000)
+    err = capsys.readouterr().err
+    assert f"--num-cpus 100000 is more than this machine's {machine} CPUs" in err and "100000 trials" in err
