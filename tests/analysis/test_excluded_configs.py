@@ -205,5 +205,5 @@ def test_a_kaplan_meier_step_reaches_the_budget_so_its_band_shows() -> None:
     last = steps.iloc[-1]
     assert (last["reached"], last["events"], last["censored"]) == (1.0, 0, 0) and last["r_low"] < 1.0
     layers = km_chart(ChartData(), curves, "groks", "step", 300.0).to_dict()["layer"]
-    assert len(layers) == 3  # band, line, budget: no empty layer of censored ticks
-    assert pd.Series([m["mark"]["type"] for m in layers]).tolist() == ["area", "line", "rule"]
+    assert len(layers) == 3  # band, budget, line: no empty layer of censored ticks
+    assert pd.Series([m["mark"]["type"] for m in layers]).tolist() == ["area", "rule", "line"]
