@@ -100,6 +100,8 @@ class StudyCheck:
     not_committed: int = 0
     """Runs the manifest plans that have no committed runs row (a seed study): never run, or
     quarantined and not (yet) trained again, e.g. after an interrupted repair."""
+    writer: str | None = None
+    """The driver writing the study now, if any (then those runs are under way)."""
 
     @property
     def damaged_runs(self) -> set[tuple[str, int]]:
@@ -112,10 +114,9 @@ class StudyCheck:
     def summary(self) -> str:
         what = f"{_n(self.runs, 'run')} and {_n(self.evaluations, 'evaluation')} checked"
         old = f", {self.unverified} unverified (committed before checksums)" if self.unverified else ""
-        pending = (
-            f"; {_n(self.not_committed, 'planned run')} not committed (`study resume {self.study} --out "
-            f"{self.out}` runs {'it' if self.not_committed == 1 else 'them'})" if self.not_committed else ""
-        )
+        runs_them = (f"being written by {self.writer}" if self.writer else
+                     f"`study resume {self.study} --out {self.out}` runs {'it' if self.not_committed == 1 else 'them'}")
+        pending = f"; {_n(self.not_committed, 'planned run')} not committed ({runs_them})" if self.not_committed else ""
         if not self.damage:
             return f"study {self.study}: {what}{old}: no damage{pending}"
         runs, evals = len(self.damaged_runs), len(self.damaged_evaluations)
@@ -273,6 +274,10 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
         _check_other_files(out, study, found, recorded)
         _check_manifest(out, study, found)
         found.not_committed = _not_committed(out, study, runs)
+        if found.not_committed:
+            from study.lock import writer
+
+            found.writer = writer(out, study)
     return found
 
 

@@ -87,3 +87,22 @@ def study_lock(out: Path, name: str) -> Iterator[Path]:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def writer(out: Path, name: str) -> str | None:
+    """Who holds study ``name``'s lock now (``pid P on HOST (since T: COMMAND)``), or None:
+    a probe that takes the lock for an instant when it is free, never waits, never creates
+    the file."""
+    path = Path(out) / name / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _holder(fd)
+        return None
+    finally:
+        os.close(fd)

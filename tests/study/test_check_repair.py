@@ -297,3 +297,9 @@ def test_check_names_planned_runs_that_are_not_committed(tmp_path: Path) -> None
     res = study("check", "demo", "--out", str(out))
     assert (f"study demo: 2 runs and 0 evaluations checked, 2 unverified (committed before checksums): "
             f"no damage; 1 planned run not committed (`study resume demo --out {out}` runs it)") in res.stdout, res.stdout
+    # while a driver writes the study, its runs are under way: no resume (the lock refuses it)
+    from study.lock import study_lock
+
+    with study_lock(out, "demo"):
+        res = study("check", "demo", "--out", str(out))
+    assert f"1 planned run not committed (being written by pid {os.getpid()} on " in res.stdout, res.stdout
