@@ -562,8 +562,12 @@ def launch(
     # A trial that failed before its first result has no config in Tune's results: the
     # callback saw every failure.
     failed = [payloads[i] for i in sorted(set(callback.failed_units))]
-    for error in results.errors:
-        console.print(f"[red]unit failed:[/red] {failure_text(error)}", soft_wrap=True, highlight=False)
+    for result in results:
+        if result.error is None:
+            continue
+        index = (result.config or {}).get("unit_index")  # none for a trial that never reported
+        where = f" ({points[index]})" if index is not None and points[index] else ""
+        console.print(f"[red]unit failed{where}:[/red] {failure_text(result.error)}", soft_wrap=True, highlight=False)
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
@@ -611,7 +615,23 @@ def failure_text(error: BaseException) -> str:
         cause = cause.__cause__
     if innermost is not error and str(innermost):  # the worker's own exception, in one line
         return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
+    # Ray's ActorDiedError keeps only the text of an error raised while the trial's actor was
+    # created (a trial's setup: e.g. a ConfigError about the task's data): its last line
+    # (Ray's as_instanceof_cause makes subclasses named "RayTaskError(DataError)": not ours)
+    names = "|".join(sorted(c.__name__ for c in _subclasses(FinelineError) if c.__name__.isidentifier()))
+    found = re.findall(rf"^(?:[\w.]+\.)?(?:{names}): (.+)$", str(error), flags=re.M)
+    if found:
+        return found[-1]
     return f"{type(error).__name__}: {str(error)[-2000:]}"
+
+
+def _subclasses(cls: type) -> set[type]:
+    """``cls`` and every subclass of it, however deep."""
+    out: set[type] = {cls}
+    subs: list[type] = type.__subclasses__(cls)
+    for sub in subs:
+        out |= _subclasses(sub)
+    return out
 
 
 def _point_label(point_json: str) -> str:

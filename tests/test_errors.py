@@ -63,3 +63,10 @@ def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
     long_tb = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n    y-return]\n' * 200
     boom = RayTaskError("train", long_tb + "RuntimeError: boom", RuntimeError("boom"))
     assert failure_text(boom.as_instanceof_cause()) == "RayTaskError(RuntimeError): RuntimeError: boom"
+    # an error raised while the trial's actor was created: Ray's ActorDiedError keeps its text only
+    from ray.exceptions import ActorDiedError
+
+    setup_tb = tb.replace("ValueError: shapes (3,) and (4,) differ", f"trainables.errors.ConfigError: {cause}")
+    died = ActorDiedError(RayTaskError("__init__", setup_tb, cause))
+    assert failure_text(died) == str(cause)
+    assert failure_text(ActorDiedError(other)).startswith("ActorDiedError: ")
