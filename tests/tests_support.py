@@ -18,6 +18,14 @@ TINY_STUDY: dict[str, Any] = {
     "execution": {"bundle_size": 2},
 }
 """A symbol-rewriting study that trains in seconds (the CLI tests start from it)."""
+TOY_STUDY: dict[str, Any] = {
+    "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.01, "max_steps": 400, "eval_every_steps": 50, "batch_size": 8,
+              "selection": {"split": "train_eval", "metric": "accuracy", "mode": "max", "early_stop": False}},
+    "seeds": {"count": 2},
+}
+"""A step-based 2-D toy study of a small MLP (the progress tests set its name and pace)."""
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new",

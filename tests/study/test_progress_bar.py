@@ -22,6 +22,7 @@ import pytest
 import yaml
 from ray.tune.experiment import Trial
 from rich.console import Console
+from tests_support import TOY_STUDY
 
 from study.progress import ProgressCallback
 from study.runner import progress_bar
@@ -118,12 +119,9 @@ def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
 
 
 STUDY = {
+    **TOY_STUDY,
     "name": "barred",
-    "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
-    "model": {"name": "mlp", "hidden": [16]},
-    "train": {"lr": 0.01, "max_steps": 3000, "eval_every_steps": 200, "batch_size": 8,
-              "selection": {"split": "train_eval", "metric": "accuracy", "mode": "max", "early_stop": False}},
-    "seeds": {"count": 2},
+    "train": {**TOY_STUDY["train"], "max_steps": 3000, "eval_every_steps": 200},
     "execution": {"bundle_size": 1, "report_every_s": 0.3},
 }
 

@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests_support import TOY_STUDY
 
 STUDY = {
+    **TOY_STUDY,
     "name": "logged",
-    "task": {"name": "toy2d", "n_train": 600, "n_eval": 200},
-    "model": {"name": "mlp", "hidden": [16]},
-    "train": {"lr": 0.01, "max_steps": 400, "eval_every_steps": 50, "batch_size": 8,
-              "selection": {"split": "train_eval", "metric": "accuracy", "mode": "max", "early_stop": False}},
     "grid": {"train.lr": [0.01, 0.003]},
-    "seeds": {"count": 2},
     "execution": {"bundle_size": 2, "progress_every_s": 0.2, "report_every_s": 0.1},
 }
 
