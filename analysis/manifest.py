@@ -186,24 +186,36 @@ def study_names(out: Path) -> list[str]:
     return sorted(p.parent.name for p in out.glob(f"*/{MANIFEST}") if p.parent.name != "tables")
 
 
+def damaged_fix(out: Path, study: str) -> str:
+    """The fix for a damaged manifest, the same wherever it is read (``study run`` refuses a
+    damaged manifest rather than rewriting it)."""
+    return (
+        f"restore {manifest_path(out, study)} from a backup, or move it away and re-create it "
+        f"with `study run CONFIG --name {study} --out {out}` (committed runs are kept)"
+    )
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document in ``path``; a ``ValueError`` whose text says briefly why it does
+    not read (unreadable, not UTF-8, not JSON)."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # not UTF-8 is a ValueError too
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise ValueError(why) from None
+
+
 def load_manifest(out: Path, study: str) -> Manifest | None:
     """The manifest of ``study``, or ``None`` when the study has none (yet)."""
     path = manifest_path(out, study)
     if not path.is_file():
         return None
-    # the same fix as the driver's (study.manifest.read): `study run` refuses a damaged
-    # manifest rather than rewriting it
-    fix = (
-        f"Fix: restore {path} from a backup, or move it away and re-create it with "
-        f"`study run CONFIG --name {study} --out {out}` (committed runs are kept)"
-    )
     try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # not UTF-8 is a ValueError too
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
-        raise AnalysisError(f"cannot read the manifest {path} ({why}). {fix}") from None
+        raw = read_json(path)
+    except ValueError as e:
+        raise AnalysisError(f"cannot read the manifest {path} ({e}). Fix: {damaged_fix(out, study)}") from None
     if not isinstance(raw, dict):
-        raise AnalysisError(f"the manifest {path} is not a JSON object. {fix}")
+        raise AnalysisError(f"the manifest {path} is not a JSON object. Fix: {damaged_fix(out, study)}")
     return parse_manifest(raw, default_name=study)
 
 

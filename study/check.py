@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.manifest import damaged_fix
 from trainables.errors import StudyStateError
 from trainables.results import (
     COMMITTED_TABLES,
@@ -127,11 +128,8 @@ class StudyCheck:
         parts += [_n(files, "file no commit names", "files no commit names")] if files else []
         parts += ["the manifest"] if manifest else []
         line = f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)}){pending}"
-        if manifest:  # --repair re-runs from the manifest, so it cannot re-create one
-            out = f" --out {self.out}" if self.out is not None else ""
-            path = self.out / manifest[0] if self.out is not None else manifest[0]
-            line += (f". Fix: restore {path} from a backup, or move it away and re-create it with "
-                     f"`study run CONFIG --name {self.study}{out}` (committed runs are kept)")
+        if manifest and self.out is not None:  # --repair re-runs from the manifest: it cannot re-create one
+            line += f". Fix: {damaged_fix(self.out, self.study)}"
         return line
 
     @property
@@ -272,8 +270,8 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     if thorough:
         _check_evaluations(out, study, runs, found, recorded)
         _check_other_files(out, study, found, recorded)
-        _check_manifest(out, study, found)
-        found.not_committed = _not_committed(out, study, runs)
+        manifest = _check_manifest(out, study, found)
+        found.not_committed = _not_committed(study, manifest, runs)
         if found.not_committed:
             from study.lock import writer
 
@@ -281,33 +279,31 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     return found
 
 
-def _check_manifest(out: Path, study: str, found: StudyCheck) -> None:
-    """A manifest that does not read (``study resume``, ``eval`` and ``status`` refuse it) is
-    damage too; no repair re-creates it (unit ``manifest``)."""
+def _check_manifest(out: Path, study: str, found: StudyCheck) -> dict[str, Any] | None:
+    """The study's manifest; one that does not read (``study resume``, ``eval`` and
+    ``status`` refuse it) is damage too, which no repair re-creates (unit ``manifest``)."""
     from study import manifest
 
-    path = manifest.manifest_path(out, study)
-    if not path.exists():
-        return
-    try:
-        manifest.read(out, study)
-    except StudyStateError as exc:
-        why = str(exc).split(" is damaged (", 1)[-1].split(". Fix: ", 1)[0].removesuffix(")")
-        found.damage.append(Damage(study, None, None, "manifest", _rel(out, path),
+    data, why = manifest.damage(out, study)
+    if why is not None:
+        found.damage.append(Damage(study, None, None, "manifest", _rel(out, manifest.manifest_path(out, study)),
                                    f"does not read as a manifest ({why})", "manifest"))
+    return data
 
 
-def _not_committed(out: Path, study: str, runs: dict[tuple[str, int], Any]) -> int:
+def _not_committed(study: str, manifest: dict[str, Any] | None, runs: dict[tuple[str, int], Any]) -> int:
     """Planned runs of seed study ``study`` without a committed runs row (0 for a tuning study,
     or without a readable manifest)."""
     from analysis.errors import AnalysisError
-    from analysis.manifest import load_manifest
+    from analysis.manifest import parse_manifest
 
+    if manifest is None:
+        return 0
     try:
-        m = load_manifest(out, study)
+        m = parse_manifest(manifest, default_name=study)
     except AnalysisError:
         return 0
-    if m is None or m.kind == "tune" or m.planned is None:
+    if m.kind == "tune" or m.planned is None:
         return 0
     return max(int(m.planned) - len(runs), 0)
 

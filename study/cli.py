@@ -356,10 +356,11 @@ def report(
     verdict_split: VerdictSplitOpt = None,
 ) -> None:
     """Write a self-contained HTML report (verdict, then Altair charts), or PNG/SVG/PDF exports."""
+    from analysis.bands import BANDS
     from analysis.db import naming_damage
     from analysis.report import write_report
 
-    if band not in ("ci", "minmax"):  # before any results are read
+    if band not in BANDS:  # before any results are read
         raise ConfigError("--band", f"unknown band {band!r}", "use ci (95% bootstrap band of the mean) or minmax")
     if to is not None:
         blocker = next((p for p in Path(to).parents if p.exists() and not p.is_dir()), None)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from analysis.manifest import damaged_fix, read_json
 from trainables.errors import ConfigError, StudyStateError
 from trainables.results import committed
 
@@ -64,27 +65,31 @@ REQUIRED = ("config", "seeds", "points")
 """Keys every manifest fineline writes has (a file without them is damaged)."""
 
 
-def read(out: Path, name: str) -> dict[str, Any] | None:
-    """The manifest of study ``name`` (None if there is none); a damaged one (not JSON, not
-    UTF-8, unreadable, missing keys) is a StudyStateError naming the file and the fix."""
+def damage(out: Path, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the manifest of study ``name``, None), or (None, why it is damaged: unreadable, not
+    UTF-8, not JSON, missing keys); (None, None) when there is none."""
     path = manifest_path(out, name)
     if not path.exists():
-        return None
-    fix = (
-        f"restore {path} from a backup, or move it away and re-create it with "
-        f"`study run CONFIG --name {name} --out {out}` (committed runs are kept)"
-    )
+        return None, None
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:120]
-        raise StudyStateError(f"the manifest {path} is damaged ({why}). Fix: {fix}") from None
+        data = read_json(path)
+    except ValueError as exc:
+        return None, str(exc)
     missing = [k for k in REQUIRED if k not in data] if isinstance(data, dict) else list(REQUIRED)
     if missing or not isinstance(data.get("config"), dict):
+        return None, f"no {', '.join(missing) or 'config block'}"
+    return data, None
+
+
+def read(out: Path, name: str) -> dict[str, Any] | None:
+    """The manifest of study ``name`` (None if there is none); a damaged one (:func:`damage`)
+    is a StudyStateError naming the file and the fix."""
+    data, why = damage(out, name)
+    if why is not None:
         raise StudyStateError(
-            f"the manifest {path} is damaged (no {', '.join(missing) or 'config block'}). Fix: {fix}"
+            f"the manifest {manifest_path(out, name)} is damaged ({why}). Fix: {damaged_fix(out, name)}"
         )
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def recorded_config(m: dict[str, Any]) -> dict[str, Any]:

@@ -385,7 +385,8 @@ def run_study(
     unless every planned run is committed."""
     out = Path(out)
     facts = check_before_ray(cfg, address, num_cpus)
-    manifest_mod.check_kind(manifest_mod.read(out, name), out, name, kind)  # again under the lock
+    # before the lock touches the folder of a study of another kind (prepare checks again under it)
+    manifest_mod.check_kind(manifest_mod.read(out, name), out, name, kind)
     with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name):
         return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
 
