@@ -77,7 +77,16 @@ class ProgressCallback(Callback):
     # ----------------------------------------------------------------- summary
     def summary(self) -> str:
         """``done/total committed, N running (epoch e), metric median [min, max]``."""
-        parts = [f"{self.done}/{self.total} seeds committed"]
+        return ", ".join([f"{self.done}/{self.total} seeds committed", *self._state()])
+
+    def info(self) -> str:
+        """The bar's text: failed seeds, running bundles and their metric (no committed count:
+        the bar shows it)."""
+        return ", ".join(self._state())
+
+    def _state(self) -> list[str]:
+        """What the committed count leaves out: failed seeds, running bundles, their metric."""
+        parts = []
         if self.failed:
             parts.append(f"{self.failed} failed")
         active = sum(r.active for r in self.running.values())
@@ -88,7 +97,7 @@ class ProgressCallback(Callback):
         values = [v for r in self.running.values() for v in r.values]
         if values and self.metric:
             parts.append(f"{self.metric} {statistics.median(values):.4g} [{min(values):.4g}, {max(values):.4g}]")
-        return ", ".join(parts)
+        return parts
 
     def eta(self, now: float | None = None) -> str:
         """Time left, ``H:MM:SS``: the mean time per seed committed by this driver so far,
@@ -103,11 +112,6 @@ class ProgressCallback(Callback):
         per_seed = (self.last_commit - self.started) / ran
         left = self.last_commit + per_seed * left_seeds - (time.monotonic() if now is None else now)
         return _clock(max(left, 0.0))
-
-    def info(self) -> str:
-        """The bar's text: failed seeds, running bundles and their metric (no committed count:
-        the bar shows it)."""
-        return ", ".join(self.summary().split(", ")[1:])
 
     def _show(self) -> None:
         if self.progress is not None and self.bar is not None:
