@@ -109,10 +109,10 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     # the curves run past the most seeds any split needs, so each one crosses the target
     needed = pd.to_numeric(table["seeds_needed"], errors="coerce")
     needed = needed[np.isfinite(needed)]
-    top = int(min(sc.MAX_SEEDS, max(100, 2 * needed.max()))) if len(needed) else 0
+    top = int(min(sc.MAX_SEEDS, 2 * needed.max())) if len(needed) else None
     rows = []
     for r in table.itertuples(index=False):
-        c = sc.curve_points(r.sd, int(r.n), top=max(100, 4 * int(r.n), top)).assign(
+        c = sc.curve_points(r.sd, int(r.n), top=top).assign(
             group=f"{r.point}: {r.split}" if multi else r.split
         )
         rows.append(c)

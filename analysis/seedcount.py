@@ -209,8 +209,8 @@ def power_table(
 def curve_points(
     sd: float, n_now: int, level: float = 0.95, top: int | None = None
 ) -> pd.DataFrame:
-    """The half-width against the number of seeds, n = 2..top (default: 4x the seeds the
-    study has, at least 100), for the seed-count chart. Columns n, half_width."""
-    top = top or max(100, 4 * n_now)
+    """The half-width against the number of seeds, n = 2 up to the largest of ``top``, 4x
+    the seeds the study has and 100, for the seed-count chart. Columns n, half_width."""
+    top = max(100, 4 * n_now, top or 0)
     ns = np.unique(np.round(np.geomspace(2, top, 60)).astype(int))
     return pd.DataFrame({"n": ns, "half_width": [half_width(sd, int(n), level) for n in ns]})
