@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray.tune import Callback
 from rich.progress import Progress
+
+from trainables.errors import REFUSED
 
 Emit = Callable[[str], None]
 
@@ -52,6 +54,7 @@ class ProgressCallback(Callback):
         progress: Progress | None = None,
         emit: Emit | None = None,
         every_s: float = 60.0,
+        trial_errors: Mapping[str, BaseException] | None = None,
     ) -> None:
         self.progress, self.emit = progress, emit
         self.title, self.total, self.done = title, total, done
@@ -60,8 +63,13 @@ class ProgressCallback(Callback):
         self.running: dict[str, Running] = {}
         self.failed = 0
         self.failed_units: list[int] = []
-        """Indices of the units whose trials failed after their retries (Tune's results give
-        a trial that never reported no config, so they cannot say which)."""
+        """Indices of the units whose trials failed after their retries or were refused
+        (Tune's results give a trial that never reported no config, so they cannot say which)."""
+        self.failures: dict[int, str] = {}
+        """Why each failed unit failed, by index: its error as :func:`study.runner.failure_text`
+        gives it, or the worker's refusal of its config (:data:`trainables.errors.REFUSED`)."""
+        self.trial_errors: Mapping[str, BaseException] = trial_errors if trial_errors is not None else {}
+        """Each failed trial's exception by its name, as Tune logged it (``study.runner.TrialErrors``)."""
         self.metric = ""
         self.started = self.last_line = time.monotonic()
         self.done_at_start = done
@@ -134,6 +142,9 @@ class ProgressCallback(Callback):
 
     # ----------------------------------------------------------------- Tune hooks
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if REFUSED in result:  # the worker refused the unit's config: it ends now, not retried
+            self._failed(trial, str(result[REFUSED]), "failed (its config was refused, not retried)")
+            return
         values = result.get("sel_values") or []
         self.metric = result.get("sel_metric", self.metric)
         self.running[trial.trial_id] = Running(str(result.get("at", "")), int(result.get("active", 0)), list(values))
@@ -165,12 +176,25 @@ class ProgressCallback(Callback):
         self._show()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from study.failures import failure_text, trial_error
+
+        error = trial_error(trial, self.trial_errors)
+        text = failure_text(error) if error is not None else "the error is in Ray's log above"
+        self._failed(trial, text, "failed after its retries")
+
+    def _failed(self, trial: Any, text: str, how: str) -> None:
+        """A unit failed: its seeds count as failed (the ETA stops waiting for them), its
+        cause is kept for the driver's summary and its line names the grid point."""
         self.running.pop(trial.trial_id, None)
-        self.failed_units.append(trial.config["unit_index"])
         index = trial.config["unit_index"]
+        if index in self.failures:  # Tune reports a trial's end once; never count it twice
+            return
+        said = text if text not in self.failures.values() else "the same cause as above"
+        self.failed_units.append(index)
+        self.failures[index] = text
         self.failed += self.unit_sizes[index]
         point = f" ({self.points[index]})" if self.points[index] else ""
-        self._line(f"a trial of {self.unit_sizes[index]} seed(s){point} failed after its retries")
+        self._line(f"a trial of {self.unit_sizes[index]} seed(s){point} {how}: {said}")
         self._show()
 
 

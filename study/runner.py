@@ -29,6 +29,13 @@ from rich.text import Text
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
+from study.failures import (
+    MEMORY_FIX,
+    TrialErrors,
+    failed_units_text,
+    failures_by_cause,
+    fit_reporting_memory,
+)
 from study.lock import study_lock
 from study.plan import default_cpus, plan_units, seedsets, unit_payload
 from study.preflight import (
@@ -42,7 +49,7 @@ from study.preflight import (
     sync_auth_mode,
     warn_cluster_resources,
 )
-from trainables.errors import ConfigError, FinelineError, StudyIncomplete
+from trainables.errors import ConfigError, StudyIncomplete, WorkerOutOfMemory
 from trainables.plugins import shippable
 from trainables.results import committed
 
@@ -417,6 +424,7 @@ def _run_locked(
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
     failed_units: list[dict[str, Any]] = []
     stops: StopSignals | None = None
+    oom: WorkerOutOfMemory | None = None
     try:
         with ray_session(address, num_cpus, worker_env(cfg)) as resources:
             stops = SIGNALS
@@ -440,6 +448,8 @@ def _run_locked(
         if stops is None or stops.received is None:
             stops = StopSignals()
             stops.received = signal.SIGINT
+    except WorkerOutOfMemory as killed:
+        oom = killed
     planned, done = committed_counts(cfg, out, name)
     have = committed(out, name) if failed_units else set()
     failed = sum(1 for u in failed_units for s in u["seeds"] if (u["trial_id"], s["index"]) not in have)
@@ -448,10 +458,12 @@ def _run_locked(
     interrupted = stops is not None and stops.received is not None
     if done < planned or interrupted:
         why = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
-            f"{len(failed_units)} trial(s) failed after their retries (errors above)" if failed_units else "incomplete"
+            f"{len(failed_units)} trial(s) failed (errors above)" if failed_units else "incomplete"
         )
         fix = resume_command(name, out, address)
-        if failed_units:
+        if oom is not None and not interrupted:
+            why, fix = str(oom), f"{MEMORY_FIX}, then {fix}"
+        elif failed_units:
             fix = f"fix the cause shown above, then {fix}"
         raise StudyIncomplete(
             f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why}). "
@@ -529,14 +541,18 @@ def launch(
     sizes = [len(p["seeds"]) for p in payloads]
     points = [_point_label(p["point_json"]) for p in payloads]
     title = f"study {name}"
+    errors = TrialErrors()
     if console.is_terminal:
         progress: Progress | None = progress_bar()
-        callback = ProgressCallback(f"{title}: seeds", planned, already, sizes, points, progress=progress)
+        callback = ProgressCallback(
+            f"{title}: seeds", planned, already, sizes, points, progress=progress, trial_errors=errors.errors
+        )
     else:  # a log: lines, not a bar
         progress = None
         callback = ProgressCallback(
             title, planned, already, sizes, points, every_s=ex.progress_every_s,
             emit=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False),
+            trial_errors=errors.errors,
         )
 
     tuner = tune.Tuner(
@@ -559,16 +575,12 @@ def launch(
             ),
         ),
     )
-    results = fit(tuner, progress, callback.finish)
+    fit(tuner, progress, callback.finish, errors)
     # A trial that failed before its first result has no config in Tune's results: the
-    # callback saw every failure.
+    # callback saw every failure, with its grid point.
     failed = [payloads[i] for i in sorted(set(callback.failed_units))]
-    for result in results:
-        if result.error is None:
-            continue
-        index = (result.config or {}).get("unit_index")  # none for a trial that never reported
-        where = f" ({points[index]})" if index is not None and points[index] else ""
-        console.print(f"[red]unit failed{where}:[/red] {failure_text(result.error)}", soft_wrap=True, highlight=False)
+    for text, indices in failures_by_cause(callback.failures).items():
+        console.print(f"[red]{failed_units_text(indices, points)}:[/red] {text}", soft_wrap=True, highlight=False)
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed
@@ -597,65 +609,38 @@ class _InfoColumn(ProgressColumn):
         return Text(str(task.fields.get("info", "")), no_wrap=True, overflow="ellipsis")
 
 
-def failure_text(error: BaseException) -> str:
-    """A trial's error as the driver prints it: fineline's own error (a FinelineError raised
-    in the worker, e.g. a node without the results folder) as its one line with its fix,
-    unwrapped from Ray's RayTaskError / Tune's wrappers; anything else as the exception's
-    type and the end of its text (the traceback is in Ray's log above)."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    innermost = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
-        if isinstance(inner, BaseException):
-            cause = innermost = inner
-            continue
-        if isinstance(cause, FinelineError):
-            return str(cause)
-        cause = cause.__cause__
-    if innermost is not error and str(innermost):  # the worker's own exception, in one line
-        return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
-    # Ray's ActorDiedError keeps only the text of an error raised while the trial's actor was
-    # created (a trial's setup: e.g. a ConfigError about the task's data): its last line
-    # (Ray's as_instanceof_cause makes subclasses named "RayTaskError(DataError)": not ours)
-    names = "|".join(sorted(c.__name__ for c in _subclasses(FinelineError) if c.__name__.isidentifier()))
-    found = re.findall(rf"^(?:[\w.]+\.)?(?:{names}): (.+)$", str(error), flags=re.M)
-    if found:
-        return found[-1]
-    return f"{type(error).__name__}: {str(error)[-2000:]}"
-
-
-def _subclasses(cls: type) -> set[type]:
-    """``cls`` and every subclass of it, however deep."""
-    out: set[type] = {cls}
-    subs: list[type] = type.__subclasses__(cls)
-    for sub in subs:
-        out |= _subclasses(sub)
-    return out
-
-
 def _point_label(point_json: str) -> str:
     """``model.cell=lstm, train.lr=0.01`` for a grid point ("" without a grid)."""
     return ", ".join(f"{k}={v}" for k, v in json.loads(point_json).items())
 
 
-def fit(tuner: Any, progress: Progress | None = None, finish: Callable[[], None] | None = None) -> Any:
+def fit(
+    tuner: Any,
+    progress: Progress | None = None,
+    finish: Callable[[], None] | None = None,
+    errors: TrialErrors | None = None,
+) -> Any:
     """``tuner.fit()`` with fineline's signal handling armed (SIGINT / SIGTERM stop it
-    gracefully) and Tune's own "trials did not complete" log line silenced (fineline
-    reports committed counts itself). ``finish`` runs before the bar's last frame (it
-    clears what was running: a stopped study leaves no bundle shown as running)."""
+    gracefully), Tune's own "trials did not complete" log line silenced (fineline reports
+    committed counts itself), each failed trial's exception kept in ``errors`` (the tracebacks
+    of those fineline prints as one line dropped: :class:`~study.failures.TrialErrors`) and a
+    worker killed for memory as :class:`~trainables.errors.WorkerOutOfMemory`. ``finish``
+    runs before the bar's last frame (it clears what was running: a stopped study leaves no
+    bundle shown as running)."""
     tune_log = logging.getLogger("ray.tune.tune")
     level = tune_log.level
     tune_log.setLevel(logging.CRITICAL)
+    controller_log = logging.getLogger("ray.tune.execution.tune_controller")
+    errors = errors if errors is not None else TrialErrors()
+    controller_log.addFilter(errors)
     if SIGNALS is not None:
         SIGNALS.tune_running = True
     try:
         if progress is None:
-            return tuner.fit()
+            return fit_reporting_memory(tuner)
         with progress:
             try:
-                return tuner.fit()
+                return fit_reporting_memory(tuner)
             finally:
                 if finish is not None:
                     finish()
@@ -663,3 +648,4 @@ def fit(tuner: Any, progress: Progress | None = None, finish: Callable[[], None]
         if SIGNALS is not None:
             SIGNALS.tune_running = False
         tune_log.setLevel(level)
+        controller_log.removeFilter(errors)

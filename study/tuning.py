@@ -43,6 +43,7 @@ import numpy as np
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name
+from study.failures import MEMORY_FIX, failed_trials, failure_text
 from study.lock import study_lock
 from study.plan import seedsets
 from study.runner import (
@@ -50,7 +51,6 @@ from study.runner import (
     StudyFailed,
     check_before_ray,
     console,
-    failure_text,
     fit,
     ray_session,
     resolve_device,
@@ -66,7 +66,7 @@ from study.tuning_config import (
     candidate_point,
     tune_block,
 )
-from trainables.errors import StudyStateError
+from trainables.errors import REFUSED, FinelineError, StudyStateError, WorkerOutOfMemory
 from trainables.results import committed, read_rows, write_rows
 from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
@@ -257,7 +257,7 @@ def ray_classes() -> tuple[type, type]:
             study: Any = self._ot_study
             ot_trial = self._ot_trials[trial_id]
             self._completed_trials.add(trial_id)
-            if error or not result:  # errored, or removed before it ran
+            if error or not result or REFUSED in result:  # errored, refused, or removed before it ran
                 study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
             elif "objective_n" in result:  # the final result: every seed evaluated and committed
                 for key in OBJECTIVE_KEYS:
@@ -275,9 +275,12 @@ def ray_classes() -> tuple[type, type]:
             self.total, self.done, self.keys = total, done, space_keys
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.done += 1
             r = trial.last_result or {}
             params = " ".join(f"{k}={trial.config.get(k, math.nan):.4g}" for k in self.keys)
+            if REFUSED in r:  # its error is printed with the others when the search ends
+                _say(f"[red]candidate {params} failed: its config was refused (not retried)[/red]")
+                return
+            self.done += 1
             if "objective_n" in r:
                 what = f"objective {r['objective']:.4g} (std {r['objective_std']:.3g}, {int(r['objective_n'])} seeds)"
             else:
@@ -498,8 +501,10 @@ def _tune_locked(
     if not block.sequential:
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
     storage_path = (out / name / "ray").resolve()
-    errors: list[Exception] = []
+    errors: list[BaseException] = []
     stops: StopSignals | None = None
+    oom: WorkerOutOfMemory | None = None
+    failed_before = _failed_numbers(study)
     try:
         with ray_session(address, num_cpus, worker_env(cfg)) as resources:
             from study import runner
@@ -521,22 +526,35 @@ def _tune_locked(
         if stops is None or stops.received is None:
             stops = StopSignals()
             stops.received = signal.SIGINT
-    for err in errors:
-        console.print(f"[red]candidate failed:[/red] {failure_text(err)}", soft_wrap=True, highlight=False)
-    done = finished_count(optuna.load_study(study_name=name, storage=storage))
+    except WorkerOutOfMemory as killed:
+        oom = killed
+    texts: dict[str, int] = {}
+    for err in errors:  # one line per cause (a refused config refuses every candidate alike)
+        texts[failure_text(err)] = texts.get(failure_text(err), 0) + 1
+    one, many = ("candidate", "candidates") if batch == 1 else ("bundle of candidates", "bundles of candidates")
+    for text, n in texts.items():
+        what = f"{one} failed" if n == 1 else f"{n} {many} failed"
+        console.print(f"[red]{what}:[/red] {text}", soft_wrap=True, highlight=False)
+    after = optuna.load_study(study_name=name, storage=storage)
+    done = finished_count(after)
+    # candidates, not trials: a failed bundle (tune.batch) fails each of its candidates
+    failed = len(_failed_numbers(after) - failed_before)
     interrupted = stops is not None and stops.received is not None
     if errors or done < n_trials or interrupted:
+        first = ""
         if interrupted and stops is not None and stops.received is not None:
             why = f"interrupted by {stops.received.name}"
+        elif oom is not None:
+            why, first = str(oom), f"{MEMORY_FIX}, then "
         else:
-            why = f"{len(errors)} failed; fix the cause shown above" if errors else "incomplete"
+            why = f"{failed} failed; fix the cause shown above" if errors else "incomplete"
         seeds = len(committed(out, name))
-        pending = max(0, n_trials - done - len(errors))
+        pending = max(0, n_trials - done - failed)
         again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
         raise StudyFailed(
-            f"tuning study {name}: {done}/{n_trials} candidates finished, {len(errors)} failed, "
+            f"tuning study {name}: {done}/{n_trials} candidates finished, {failed} failed, "
             f"{pending} pending ({why}; {seeds} seed runs committed). "
-            f"Fix: re-run `{again}` (or `study resume {name} --out {out}`) to resume",
+            f"Fix: {first}re-run `{again}` (or `study resume {name} --out {out}`) to resume",
             stops.exit_code if interrupted and stops is not None else 1,
         )
     shutil.rmtree(storage_path, ignore_errors=True)
@@ -544,24 +562,34 @@ def _tune_locked(
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
 
 
-def tune_parts(cfg: StudyConfig, storage_path: Path, callbacks: list[Any] | None = None) -> tuple[Any, Any]:
-    """What every tuning launch shares: the trainable with the study's per-trial resources
-    and the Tune ``RunConfig`` (checkpoint each result, keep one, the study's retries)."""
+def _failed_numbers(study: Any) -> set[int]:
+    """The numbers of an Optuna study's failed trials."""
+    import optuna
+
+    return {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))}
+
+
+def tune_parts(cfg: StudyConfig, storage_path: Path, callbacks: list[Any] | None = None) -> tuple[Any, Any, Any]:
+    """What every tuning launch shares: the trainable with the study's per-trial resources,
+    the Tune ``RunConfig`` (checkpoint each result, keep one, the study's retries) and the
+    callback that collects failed trials' errors (:func:`~study.failures.failed_trials`, for
+    :func:`unit_failures`)."""
     from ray import tune
 
     from trainables.trainable import FinelineTrainable
 
     ex = cfg.execution
+    failed = failed_trials()
     trainable = tune.with_resources(FinelineTrainable, {"cpu": ex.cpus_per_trial, "gpu": ex.gpus_per_trial})
     run_config = tune.RunConfig(
         name=f"tune-{int(time.time())}",
         storage_path=str(storage_path),
         verbose=0,
-        callbacks=callbacks,
+        callbacks=[*(callbacks or []), failed],
         failure_config=tune.FailureConfig(max_failures=ex.max_failures),
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
     )
-    return trainable, run_config
+    return trainable, run_config, failed
 
 
 def _launch(
@@ -573,7 +601,7 @@ def _launch(
     resources: dict[str, float],
     finished: int,
     n_trials: int,
-) -> list[Exception]:
+) -> list[BaseException]:
     """Run ``n_trials - finished`` candidates on the connected Ray; returns their errors."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -594,7 +622,9 @@ def _launch(
             reduction_factor=block.reduction_factor,
             max_t=(spec.train.max_steps or 10**9) if step_based else spec.train.max_epochs,
         )
-    trainable, run_config = tune_parts(cfg, storage_path, [log_cls(n_trials, finished, list(template["space_keys"]))])
+    trainable, run_config, failed = tune_parts(
+        cfg, storage_path, [log_cls(n_trials, finished, list(template["space_keys"]))]
+    )
     tuner = tune.Tuner(
         trainable,
         param_space={"template": template},
@@ -609,7 +639,16 @@ def _launch(
         ),
         run_config=run_config,
     )
-    return list(fit(tuner).errors)
+    return unit_failures(fit(tuner, errors=failed.logged), failed)
+
+
+def unit_failures(results: Any, failed: Any) -> list[BaseException]:
+    """The errors of a tuning launch's trials: those that failed after their retries (the
+    ``failed`` callback of :func:`tune_parts` saw each), and those whose config the worker
+    refused (their result's :data:`~trainables.errors.REFUSED` text in Tune's ``ResultGrid``,
+    as a FinelineError)."""
+    refused = [FinelineError(str(r.metrics[REFUSED])) for r in results if r.metrics and REFUSED in r.metrics]
+    return [*failed.errors, *refused]
 
 
 def best_config(

@@ -48,8 +48,10 @@ from study.tuning import (
     _write_pruned,
     make_sampler,
     tune_parts,
+    unit_failures,
 )
 from study.tuning_config import TuneBlock
+from trainables.errors import REFUSED
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
     bundle_from_template,
@@ -197,7 +199,7 @@ def bundle_search_class() -> type:
                 return
             _, numbers = self._bundles.pop(trial_id)
             open_ = [n for n in numbers if n not in self._settled]
-            if error:
+            if error or REFUSED in (result or {}):
                 for n in open_:
                     self._study.tell(n, state=optuna.trial.TrialState.FAIL)
                     self._settled.add(n)
@@ -243,7 +245,7 @@ def launch_bundles(
     finished: int,
     n_trials: int,
     batch: int,
-) -> list[Exception]:
+) -> list[BaseException]:
     """Run ``n_trials - finished`` candidates, ``batch`` per bundle, on the connected Ray;
     returns the bundles' errors."""
     from ray import tune
@@ -257,7 +259,7 @@ def launch_bundles(
         bundle_search_class()(block, template, storage, batch, to_run, n_trials, finished),
         max_concurrent=1 if block.sequential else workers,
     )
-    trainable, run_config = tune_parts(cfg, storage_path)
+    trainable, run_config, failed = tune_parts(cfg, storage_path)
     tuner = tune.Tuner(
         trainable,
         param_space={"template": template},
@@ -269,4 +271,4 @@ def launch_bundles(
         ),
         run_config=run_config,
     )
-    return list(fit(tuner).errors)
+    return unit_failures(fit(tuner, errors=failed.logged), failed)

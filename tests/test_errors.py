@@ -44,11 +44,11 @@ def test_the_hierarchy_is_all_here() -> None:
 
 
 def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
-    """What the driver prints for a failed trial (study.runner.failure_text): Ray wraps the
+    """What the driver prints for a failed trial (study.failures.failure_text): Ray wraps the
     worker's exception in a RayTaskError whose text holds the worker's traceback."""
     from ray.exceptions import RayTaskError
 
-    from study.runner import failure_text
+    from study.failures import failure_text
     from trainables.errors import DataError
 
     cause = DataError("study folder /r/s is missing on node vm. Fix: mount the same shared filesystem")

@@ -6,6 +6,11 @@ as-is and exit non-zero.
 
 from __future__ import annotations
 
+REFUSED = "refused"
+"""The result key under which a Ray worker reports a ConfigError raised in a unit's setup or
+step: its text (one line with its fix). The unit ends with that result instead of a Ray
+error, so it is not retried (``trainables.trainable.FinelineTrainable._refused``)."""
+
 
 class FinelineError(Exception):
     """Base class: an error a user can fix (config, data, arguments).
@@ -51,3 +56,12 @@ class StudyIncomplete(FinelineError):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class WorkerOutOfMemory(FinelineError):
+    """Ray's memory monitor killed a trial's worker: its node ran out of memory. Ray Tune
+    stops the whole run on it (not a trial error it could retry), so the study stops; the
+    message says how full the node was and what to lower."""
+
+    exit_code = 1
+

@@ -34,7 +34,7 @@ from ray import tune
 from ray.tune.result import SHOULD_CHECKPOINT
 
 from trainables.data import TaskData
-from trainables.errors import ConfigError, DataError
+from trainables.errors import REFUSED, ConfigError, DataError
 from trainables.loop import BundleRun
 from trainables.plugins import import_modules
 from trainables.results import commit_seed
@@ -72,7 +72,18 @@ class FinelineTrainable(tune.Trainable):
         logging.getLogger("ray.tune").setLevel(logging.WARNING)
         logging.getLogger("ray.train").setLevel(logging.WARNING)
         self._data_cache: dict[tuple[str, int], tuple[Task, TaskData]] = {}
-        self._start(config)
+        self._begin(config)
+
+    def _begin(self, config: dict[str, Any]) -> None:
+        """:meth:`_start`, a ConfigError kept as the unit's refusal (its one result says it)."""
+        self.refusal: str | None = None
+        """Why this unit's config was refused (a ConfigError in its setup or a step), or None."""
+        self._tuning = "template" in config
+        try:
+            self._start(config)
+        except ConfigError as err:
+            self.refusal = str(err)
+            self.trackers: BundleTrackers | None = None  # _start closed the previous unit's first
 
     def _start(self, config: dict[str, Any]) -> None:
         self.cleanup()  # a reused actor: the previous unit's tracker runs end (e.g. ASHA stopped it)
@@ -169,6 +180,22 @@ class FinelineTrainable(tune.Trainable):
         return self._data_cache[key]
 
     def step(self) -> dict[str, Any]:
+        if self.refusal is None:
+            try:
+                return self._step()
+            except ConfigError as err:
+                self.refusal = str(err)
+        return self._refused()
+
+    def _refused(self) -> dict[str, Any]:
+        """The one result of a unit whose config was refused: it ends the trial at once, not
+        as a Ray error, so Tune neither retries it (``max_failures``: the same config fails
+        the same way every time) nor prints the worker's traceback; the driver prints the
+        text once (``REFUSED``). A tuning candidate's result carries a NaN objective, the
+        metric Tune checks each result for."""
+        return {REFUSED: self.refusal, "done": True, **({"objective": float("nan")} if self._tuning else {})}
+
+    def _step(self) -> dict[str, Any]:
         out, study = Path(self.unit["out"]), self.unit["study"]
         seen, writable = (out / study).is_dir(), os.access(out, os.W_OK)
         if not (seen and writable):
@@ -366,6 +393,8 @@ class FinelineTrainable(tune.Trainable):
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         # Returning None (not a dict) makes Tune hand load_checkpoint the directory back.
+        if self.refusal is not None:  # a tuning study checkpoints every result: nothing to keep
+            return
         torch.save(self.run.state_dict(), os.path.join(checkpoint_dir, "bundle.pt"))
 
     def load_checkpoint(self, checkpoint: dict[str, Any] | str | None) -> None:
@@ -387,7 +416,7 @@ class FinelineTrainable(tune.Trainable):
             trackers.close()
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        self._start(new_config)
+        self._begin(new_config)
         return True
 
 

@@ -114,8 +114,29 @@ def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
     lines: list[str] = []
     cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)
     trial = Trial("fineline", config={"unit_index": 1}, stub=True)
-    cb.on_trial_error(1, [trial], trial)
-    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after its retries"]
+    cb.on_trial_error(1, [trial], trial)  # a stub trial: Tune wrote no error file beside it
+    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after its retries: "
+                     "the error is in Ray's log above"]
+    assert cb.failures == {1: "the error is in Ray's log above"} and cb.failed == 3
+
+
+def test_a_refused_unit_fails_at_its_one_result_and_a_shared_cause_is_said_once() -> None:
+    """A worker's refusal of a unit's config (its one result, ``REFUSED``) fails the unit's
+    seeds at once; a second unit refused alike says so instead of the text again."""
+    from trainables.errors import REFUSED
+
+    lines: list[str] = []
+    cb = ProgressCallback("study g", 7, 0, [3, 3, 1], ["b=1", "b=2", "b=3"], emit=lines.append)
+    first, second = (Trial("fineline", config={"unit_index": i}, stub=True) for i in (0, 2))
+    cb.on_trial_result(1, [first], first, {REFUSED: "train.batch_size: 9 is larger. Fix: less", "done": True})
+    cb.on_trial_result(2, [second], second, {REFUSED: "train.batch_size: 9 is larger. Fix: less", "done": True})
+    cb.on_trial_complete(3, [second], second)
+    assert lines == [
+        "study g: a trial of 3 seed(s) (b=1) failed (its config was refused, not retried): "
+        "train.batch_size: 9 is larger. Fix: less",
+        "study g: a trial of 1 seed(s) (b=3) failed (its config was refused, not retried): the same cause as above",
+    ]
+    assert cb.failed_units == [0, 2] and cb.failed == 4 and not cb.running
 
 
 STUDY = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests_support import TOY_STUDY
+from tests_support import TINY_STUDY, TOY_STUDY
 
 STUDY = {
     **TOY_STUDY,
@@ -76,3 +76,34 @@ def test_heartbeats_keep_coming_while_a_bundle_reports_rarely(tmp_path: Path) ->
     first_commit = next(i for i, ln in enumerate(lines) if "committed: ok" in ln)
     beats = [ln for ln in lines[:first_commit] if re.match(r"study quiet: 0/1 seeds committed.*\(\d+:\d\d:\d\d\)$", ln)]
     assert len(beats) >= 2, "\n".join(lines)
+
+
+def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tmp_path: Path) -> None:
+    """A ConfigError raised in a trial's setup (here: a batch larger than the training split,
+    known once the worker has built the data) ends that unit at once. Before, Tune retried
+    it ``execution.max_failures`` times and printed each worker's traceback (269 lines for
+    2 units); now each unit's line and one summary line per cause say it, the other grid
+    point trains and commits, and the study exits 1 with the resume command."""
+    study = {**TINY_STUDY, "name": "refused", "grid": {"train.batch_size": [16, 1000]},
+             "seeds": {"count": 2}, "execution": {"bundle_size": 2, "max_failures": 2}}
+    cfg = tmp_path / "refused.yaml"
+    cfg.write_text(yaml.safe_dump(study))
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV")}
+    res = subprocess.run(
+        [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "2"],
+        capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300,
+    )
+    text = res.stdout + res.stderr
+    assert res.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Trial task failed" not in text, text[-3000:]
+    cause = ("train.batch_size: 1000 is larger than the training split (300 examples): a batch would hold "
+             "some examples twice. Fix: set train.batch_size to at most 300")
+    lines = text.splitlines()
+    unit = [ln for ln in lines if ln.startswith("study refused: a trial of 2 seed(s) (train.batch_size=1000) "
+                                                "failed (its config was refused, not retried): " + cause)]
+    summary = [ln for ln in lines if ln.startswith(f"unit failed (train.batch_size=1000): {cause}")]
+    assert len(unit) == 1 and len(summary) == 1, text
+    assert len([ln for ln in lines if "(train.batch_size=16) committed: ok" in ln]) == 2, text
+    assert "error: study refused: 2/4 runs committed, 2 failed, 0 pending" in text, text
+    assert f"then study resume refused --out {out}" in text, text

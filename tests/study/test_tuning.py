@@ -318,6 +318,28 @@ def test_test_split_as_objective_exits_2_and_writes_nothing(tmp_path: Path) -> N
     assert not out.exists()
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_config_the_workers_refuse_fails_each_candidate_once_without_tracebacks(tmp_path: Path, batch: int) -> None:
+    """A batch larger than the training split is refused in each trial's setup: every
+    candidate is a FAIL in Optuna at once (Tune retried each ``max_failures`` times and
+    printed the workers' tracebacks), the cause is printed once, and the counts are
+    candidates, also when a bundle holds two (``tune.batch``)."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "train": {**TRAIN, "batch_size": 1000},
+                                   "tune": {**TUNE, "trials": 2, "batch": batch}}))
+    out = tmp_path / "results"
+    res = cli("tune", str(cfg), "--out", str(out), "--num-cpus", "2", check=False)
+    text = res.stdout + res.stderr
+    assert res.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Trial task failed" not in text, text[-3000:]
+    cause = "train.batch_size: 1000 is larger than the training split (300 examples)"
+    what = "2 candidates failed" if batch == 1 else "bundle of candidates failed"
+    assert len([ln for ln in text.splitlines() if ln.startswith(f"{what}: {cause}")]) == 1, text
+    assert f"error: tuning study {NAME}: 0/2 candidates finished, 2 failed, 0 pending" in text, text
+    states = [t.state for t in load_study(out).get_trials(deepcopy=False)]
+    assert states == [optuna.trial.TrialState.FAIL] * 2
+
+
 @pytest.mark.parametrize(
     ("patch", "field"),
     [
