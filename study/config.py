@@ -30,6 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -245,7 +246,8 @@ def parse(
                               f"write `{block}:` followed by indented `field: value` lines (see configs/quickstart.yaml)")
     plugins = _plugins(raw.get("plugins"))
     where = source or (f"the study file in {plugin_dir}" if plugin_dir else "the study file")
-    import_modules(plugins, Path(plugin_dir) if plugin_dir else None, where)
+    modules = import_modules(plugins, Path(plugin_dir) if plugin_dir else None, where)
+    check_registers(plugins, modules)
     name = raw.get("name")
     if name is not None:
         if not isinstance(name, str):
@@ -299,6 +301,28 @@ def _override_count(seeds: SeedsConfig, count: int) -> SeedsConfig:
 def _short(value: Any, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_registers(names: Sequence[str], modules: Sequence[ModuleType]) -> None:
+    """Each ``plugins:`` module registers a task or a model (ConfigError on ``plugins``): one
+    that registers nothing is a wrong name (``plugins: [os]`` imported the standard library's
+    ``os`` without a word) or a module whose ``@TASKS.register`` is missing. A class counts
+    for a module when it lives in it (or in a module of its package), or registered while
+    the module was being imported."""
+    from trainables.registry import MODELS, TASKS
+
+    owners = [(e.cls.__module__, e.origin.module if e.origin else "") for e in TASKS.entries()]
+    owners += [(e.cls.__module__, e.origin.module if e.origin else "") for e in MODELS.entries()]
+    for name, module in zip(names, modules, strict=True):
+        if any(home == name or home.startswith(name + ".") or origin == name for home, origin in owners):
+            continue
+        path = getattr(module, "__file__", None)
+        raise ConfigError(
+            "plugins",
+            f"module {name!r}{f' ({path})' if path else ''} registers no task or model",
+            f"decorate its classes with `@TASKS.register` / `@MODELS.register` (docs/plugins.md), "
+            f"check the name (a module of that name elsewhere on sys.path is found first), or remove {name!r}",
+        )
 
 
 def _plugins(value: Any) -> tuple[str, ...]:

@@ -207,6 +207,8 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("selection-on-test", patched(train={"selection": {"split": "long"}}), "error: train.selection.split: "),
     ("curve-split-unknown", patched(train={"curve_splits": ["nosuch"]}), "error: train.curve_splits: "),
     ("plugins-scalar", patched(plugins="mine"), "error: plugins: "),
+    # a module that registers nothing (here the standard library's) was imported without a word
+    ("plugins-registers-nothing", patched(plugins=["os"]), "error: plugins: module 'os' "),
     ("cpus-above-local", patched(execution={"cpus_per_trial": 64}), "error: execution.cpus_per_trial: "),
     # 100,000 threads per trial crashed the driver ("can't start new thread", traceback) and
     # starved the machine; more than its CPUs is refused for a local Ray, more than 1024 anywhere
