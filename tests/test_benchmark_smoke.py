@@ -94,3 +94,12 @@ def test_numerics_benchmark_prints_each_setting_and_what_changed_its_bits(tmp_pa
     assert "torch DEFAULT" in rows["+ ATEN_CPU_CAPABILITY=default"]
     assert rows["+ FINELINE_PORTABLE_KERNELS=1"].split()[-2] == "yes"  # = the row above
     assert float(rows["+ FINELINE_PORTABLE_KERNELS=1"].split()[-1].rstrip("x")) > 0
+
+
+def test_grid_start_benchmark_checks_both_ways_give_every_unit_index_once_in_order() -> None:
+    """``study.runner.unit_counter`` under Tune's variant generator (which deep-copies the
+    spec per trial) gives 0..n-1 in order, as ``grid_search`` did; the script exits 1 if not."""
+    lines = _run("benchmarks/grid_start.py", "--units", "40", "300")
+    assert lines[0].split() == ["units", "grid_search", "sample_from", "ratio"]
+    assert [line.split()[0] for line in lines[1:]] == ["40", "300"]
+

@@ -61,7 +61,7 @@ class FrozenConfig(BaseModel):
         """Refuse ``true`` / ``false`` where the field takes no boolean (pydantic's lax mode
         would read them as 1 / 0): ``lr: true`` is a mistake, never a learning rate."""
         field = cls.model_fields.get(info.field_name or "")
-        if field is not None and not _admits_bool(field.annotation) and _holds_bool(value):
+        if field is not None and _holds_bool(value) and not _admits_bool(field.annotation):
             raise PydanticCustomError("bool_not_number", "a boolean where a number or text is expected")
         return value
 
