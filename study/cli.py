@@ -282,7 +282,10 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
 
 @app.command()
 def sql(
-    query: Annotated[str, typer.Argument(help="SQL over the views trials, runs, metrics, evals, predictions.")],
+    query: Annotated[str, typer.Argument(
+        help="SQL over the views trials, runs, metrics, evals, predictions, evaluations (study eval's "
+        "later evaluations) and configs (one row per config: JOIN configs USING (study, trial_id)).",
+    )],
     out: OutOpt = Path("results"),
     fmt: FormatOpt = "table",
 ) -> None:
