@@ -54,20 +54,13 @@ def failure_text(error: BaseException) -> str:
     memory monitor killed (``OutOfMemoryError``) is :func:`memory_text` with the fix."""
     from ray.exceptions import OutOfMemoryError
 
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    innermost = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
-        if isinstance(inner, BaseException):
-            cause = innermost = inner
-            continue
+    chain = unwrapped(error)
+    for cause in chain:
         if isinstance(cause, FinelineError):
             return str(cause)
         if isinstance(cause, OutOfMemoryError):  # killed by Ray's memory monitor
             return f"{memory_text(str(cause))}. Fix: {MEMORY_FIX}"
-        cause = cause.__cause__
+    innermost = chain[0] if chain else error
     if innermost is not error and str(innermost):  # the worker's own exception, in one line
         return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
     # Ray's ActorDiedError keeps only the text of an error raised while the trial's actor was
@@ -109,15 +102,26 @@ def one_line(error: BaseException) -> bool:
     Ray's memory kill, however Ray wrapped it."""
     from ray.exceptions import OutOfMemoryError
 
+    return any(isinstance(cause, FinelineError | OutOfMemoryError) for cause in unwrapped(error))
+
+
+def unwrapped(error: BaseException) -> list[BaseException]:
+    """``error``'s chain without Ray's wrappers: what Ray's ``cause`` attributes lead to
+    (a ``RayTaskError`` holds the worker's exception there, and its ``as_instanceof_cause``
+    form is also an instance of the cause's class: never taken for it), then that
+    exception's ``__cause__`` and so on."""
+    chain: list[BaseException] = []
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, FinelineError | OutOfMemoryError):
-            return True
-        inner = getattr(cause, "cause", None)  # Ray's wrapper (also as the cause's subclass)
-        cause = inner if isinstance(inner, BaseException) else cause.__cause__
-    return False
+        inner = getattr(cause, "cause", None)
+        if isinstance(inner, BaseException):
+            cause = inner
+            continue
+        chain.append(cause)
+        cause = cause.__cause__
+    return chain
 
 
 def trial_error(trial: Any, logged: Mapping[str, BaseException]) -> BaseException | None:

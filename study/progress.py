@@ -66,10 +66,10 @@ class ProgressCallback(Callback):
         """Indices of the units whose trials failed after their retries or were refused
         (Tune's results give a trial that never reported no config, so they cannot say which)."""
         self.failures: dict[int, str] = {}
-        """Why each failed unit failed, by index: its error as :func:`study.runner.failure_text`
+        """Why each failed unit failed, by index: its error as :func:`study.failures.failure_text`
         gives it, or the worker's refusal of its config (:data:`trainables.errors.REFUSED`)."""
         self.trial_errors: Mapping[str, BaseException] = trial_errors if trial_errors is not None else {}
-        """Each failed trial's exception by its name, as Tune logged it (``study.runner.TrialErrors``)."""
+        """Each failed trial's exception by its name, as Tune logged it (``study.failures.TrialErrors``)."""
         self.metric = ""
         self.started = self.last_line = time.monotonic()
         self.done_at_start = done

@@ -70,3 +70,31 @@ def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
     died = ActorDiedError(RayTaskError("__init__", setup_tb, cause))
     assert failure_text(died) == str(cause)
     assert failure_text(ActorDiedError(other)).startswith("ActorDiedError: ")
+
+
+def test_tunes_failed_trial_log_keeps_each_error_and_drops_only_the_tracebacks_fineline_says_itself() -> None:
+    """``study.failures.TrialErrors`` on Tune's "Trial task failed for trial NAME" records: the
+    exception is kept by trial name (the callback's source: a first try that failed in its
+    setup leaves Tune no error file); the record is dropped for fineline's own errors and
+    memory kills (one line each), kept for anything else (its traceback is the only one)."""
+    import logging
+
+    from ray.exceptions import OutOfMemoryError, RayTaskError
+
+    from study.failures import TrialErrors
+    from trainables.errors import ConfigError
+
+    def record(message: str, error: BaseException | None) -> logging.LogRecord:
+        info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord("ray.tune.execution.tune_controller", logging.ERROR, "x.py", 1, message, None, info)
+
+    errors = TrialErrors()
+    ours = RayTaskError("train", "Traceback ...", ConfigError("train.lr", "bad", "fix it")).as_instanceof_cause()
+    oom = OutOfMemoryError("1 worker(s) were killed due to the node running low on memory.")
+    bug = RuntimeError("shapes differ")
+    assert errors.filter(record("Trial task failed for trial T_00000", ours)) is False
+    assert errors.filter(record("Trial task failed for trial T_00001", oom)) is False
+    assert errors.filter(record("Trial task failed for trial T_00002", bug)) is True
+    assert errors.filter(record("Trial task failed for trial T_00002", bug)) is True  # a retry: the latest kept
+    assert errors.filter(record("something else", None)) is True
+    assert errors.errors == {"T_00000": ours, "T_00001": oom, "T_00002": bug}
