@@ -26,6 +26,11 @@ MEMORY_FIX = (
     "(raise execution.cpus_per_trial)"
 )
 """What to do about a worker killed for memory (:class:`WorkerOutOfMemory`)."""
+REFUSED_FIX = (
+    "correct the config as the error above says and run it under a new name (`{again}`), or move "
+    "{folder} away first; resuming reruns the recorded config, which its workers refuse again"
+)
+"""What to do when every failed trial's config was refused by its worker (``trainables.errors.REFUSED``)."""
 
 
 def failures_by_cause(failures: dict[int, str]) -> dict[str, list[int]]:

@@ -68,6 +68,8 @@ class ProgressCallback(Callback):
         self.failures: dict[int, str] = {}
         """Why each failed unit failed, by index: its error as :func:`study.failures.failure_text`
         gives it, or the worker's refusal of its config (:data:`trainables.errors.REFUSED`)."""
+        self.refused: set[int] = set()
+        """Indices of the failed units whose config their worker refused (never retried)."""
         self.trial_errors: Mapping[str, BaseException] = trial_errors if trial_errors is not None else {}
         """Each failed trial's exception by its name, as Tune logged it (``study.failures.TrialErrors``)."""
         self.metric = ""
@@ -143,6 +145,7 @@ class ProgressCallback(Callback):
     # ----------------------------------------------------------------- Tune hooks
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if REFUSED in result:  # the worker refused the unit's config: it ends now, not retried
+            self.refused.add(trial.config["unit_index"])
             self._failed(trial, str(result[REFUSED]), "failed (its config was refused, not retried)")
             return
         values = result.get("sel_values") or []

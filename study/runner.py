@@ -31,6 +31,7 @@ from study import manifest as manifest_mod
 from study.config import StudyConfig
 from study.failures import (
     MEMORY_FIX,
+    REFUSED_FIX,
     TrialErrors,
     failed_units_text,
     failures_by_cause,
@@ -423,6 +424,7 @@ def _run_locked(
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
     failed_units: list[dict[str, Any]] = []
+    refused = False
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
     try:
@@ -443,7 +445,7 @@ def _run_locked(
                 console.print(f"study {name}: {note}", soft_wrap=True, highlight=False)
             # A local Ray has no autoscaler that pending trials would grow: one trial per slot.
             slots = None if address else concurrent_trials(resources, cfg)
-            failed_units = launch(payloads, cfg, out, name, already, planned, slots)
+            failed_units, refused = launch(payloads, cfg, out, name, already, planned, slots)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
@@ -463,11 +465,16 @@ def _run_locked(
         fix = resume_command(name, out, address)
         if oom is not None and not interrupted:
             why, fix = str(oom), f"{MEMORY_FIX}, then {fix}"
+        elif refused and not interrupted:
+            why, fix = f"{len(failed_units)} trial(s) refused by their workers (errors above)", REFUSED_FIX.format(
+                again=f"study run CONFIG --name NEW --out {out}", folder=out / name
+            )
         elif failed_units:
             fix = f"fix the cause shown above, then {fix}"
+        kept = "" if refused and not interrupted else " (committed runs are kept)"
         raise StudyIncomplete(
             f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why}). "
-            f"Fix: {fix} (committed runs are kept)",
+            f"Fix: {fix}{kept}",
             stops.exit_code if interrupted and stops else 1,
         )
     return counts
@@ -508,9 +515,10 @@ def launch(
     already: int,
     planned: int,
     slots: int | None = None,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], bool]:
     """Run the units as Ray Tune trials with reused actors; returns the payloads of those that
-    failed after their retries (what is committed is read from Parquet, not from Tune).
+    failed after their retries or were refused (what is committed is read from Parquet, not
+    from Tune), and whether every failure was a refused config (then resuming cannot help).
 
     ``slots``: how many trials run at once (a local Ray's CPUs per trial); then Tune holds
     only that many trials at a time and starts the newest first (:func:`newest_first`).
@@ -583,7 +591,7 @@ def launch(
         console.print(f"[red]{failed_units_text(indices, points)}:[/red] {text}", soft_wrap=True, highlight=False)
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
-    return failed
+    return failed, bool(failed) and set(callback.refused) == set(callback.failures)
 
 
 def unit_counter() -> Callable[[Any], int]:

@@ -43,7 +43,7 @@ import numpy as np
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name
-from study.failures import MEMORY_FIX, failed_trials, failure_text
+from study.failures import MEMORY_FIX, REFUSED_FIX, failed_trials, failure_text
 from study.lock import study_lock
 from study.plan import seedsets
 from study.runner import (
@@ -66,7 +66,7 @@ from study.tuning_config import (
     candidate_point,
     tune_block,
 )
-from trainables.errors import REFUSED, FinelineError, StudyStateError, WorkerOutOfMemory
+from trainables.errors import REFUSED, ConfigRefused, StudyStateError, WorkerOutOfMemory
 from trainables.results import committed, read_rows, write_rows
 from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
@@ -541,20 +541,23 @@ def _tune_locked(
     failed = len(_failed_numbers(after) - failed_before)
     interrupted = stops is not None and stops.received is not None
     if errors or done < n_trials or interrupted:
-        first = ""
+        again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
+        fix = f"re-run `{again}` (or `study resume {name} --out {out}`) to resume"
         if interrupted and stops is not None and stops.received is not None:
             why = f"interrupted by {stops.received.name}"
         elif oom is not None:
-            why, first = str(oom), f"{MEMORY_FIX}, then "
+            why, fix = str(oom), f"{MEMORY_FIX}, then {fix}"
+        elif errors and all(isinstance(e, ConfigRefused) for e in errors):  # resuming cannot help
+            why = f"{failed} refused by their workers; see above"
+            fix = REFUSED_FIX.format(again=f"study tune CONFIG --name NEW --out {out}", folder=out / name)
         else:
             why = f"{failed} failed; fix the cause shown above" if errors else "incomplete"
         seeds = len(committed(out, name))
         pending = max(0, n_trials - done - failed)
-        again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
         raise StudyFailed(
             f"tuning study {name}: {done}/{n_trials} candidates finished, {failed} failed, "
             f"{pending} pending ({why}; {seeds} seed runs committed). "
-            f"Fix: {first}re-run `{again}` (or `study resume {name} --out {out}`) to resume",
+            f"Fix: {fix}",
             stops.exit_code if interrupted and stops is not None else 1,
         )
     shutil.rmtree(storage_path, ignore_errors=True)
@@ -646,8 +649,8 @@ def unit_failures(results: Any, failed: Any) -> list[BaseException]:
     """The errors of a tuning launch's trials: those that failed after their retries (the
     ``failed`` callback of :func:`tune_parts` saw each), and those whose config the worker
     refused (their result's :data:`~trainables.errors.REFUSED` text in Tune's ``ResultGrid``,
-    as a FinelineError)."""
-    refused = [FinelineError(str(r.metrics[REFUSED])) for r in results if r.metrics and REFUSED in r.metrics]
+    as a ConfigRefused)."""
+    refused = [ConfigRefused(str(r.metrics[REFUSED])) for r in results if r.metrics and REFUSED in r.metrics]
     return [*failed.errors, *refused]
 
 

@@ -65,3 +65,9 @@ class WorkerOutOfMemory(FinelineError):
 
     exit_code = 1
 
+
+class ConfigRefused(FinelineError):
+    """A Ray worker refused a unit's config (a ConfigError in its setup or a step, reported
+    under :data:`REFUSED`): the driver's form of it. Resuming cannot help (the recorded config
+    is refused again); the config must change."""
+

@@ -83,7 +83,8 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     known once the worker has built the data) ends that unit at once. Before, Tune retried
     it ``execution.max_failures`` times and printed each worker's traceback (269 lines for
     2 units); now each unit's line and one summary line per cause say it, the other grid
-    point trains and commits, and the study exits 1 with the resume command."""
+    point trains and commits, and the study exits 1 saying to correct the config (resuming
+    would rerun the refused one)."""
     study = {**TINY_STUDY, "name": "refused", "grid": {"train.batch_size": [16, 1000]},
              "seeds": {"count": 2}, "execution": {"bundle_size": 2, "max_failures": 2}}
     cfg = tmp_path / "refused.yaml"
@@ -105,5 +106,7 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     summary = [ln for ln in lines if ln.startswith(f"unit failed (train.batch_size=1000): {cause}")]
     assert len(unit) == 1 and len(summary) == 1, text
     assert len([ln for ln in lines if "(train.batch_size=16) committed: ok" in ln]) == 2, text
-    assert "error: study refused: 2/4 runs committed, 2 failed, 0 pending" in text, text
-    assert f"then study resume refused --out {out}" in text, text
+    assert "error: study refused: 2/4 runs committed, 2 failed, 0 pending (1 trial(s) refused" in text, text
+    # resuming would rerun the refused config: the fix is a corrected config under a new name
+    assert f"run it under a new name (`study run CONFIG --name NEW --out {out}`)" in text, text
+    assert "study resume" not in text.split("error: ")[-1], text

@@ -336,6 +336,7 @@ def test_a_config_the_workers_refuse_fails_each_candidate_once_without_traceback
     what = "2 candidates failed" if batch == 1 else "bundle of candidates failed"
     assert len([ln for ln in text.splitlines() if ln.startswith(f"{what}: {cause}")]) == 1, text
     assert f"error: tuning study {NAME}: 0/2 candidates finished, 2 failed, 0 pending" in text, text
+    assert f"run it under a new name (`study tune CONFIG --name NEW --out {out}`)" in text, text
     states = [t.state for t in load_study(out).get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL] * 2
 
