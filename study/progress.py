@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray.tune import Callback
-from rich.progress import Progress
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Column
+from rich.text import Text
 
 from trainables.errors import REFUSED
 
@@ -209,3 +219,26 @@ def _clock(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}"
+
+
+def progress_bar(target: Console) -> Progress:
+    """The terminal's bar: ``title ━━━ done/planned info elapsed eta``. The info (failed and
+    running seeds, the selection metric) is the one column that shrinks, with an ellipsis,
+    on a narrow terminal: the counts, the clock and the ETA always show. The ETA is the
+    callback's (``eta`` field, :meth:`study.progress.ProgressCallback.eta`)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        _InfoColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
+        console=target,
+    )
+
+
+class _InfoColumn(ProgressColumn):
+    """``task.fields['info']`` on one line, cut with an ellipsis when the terminal is narrow
+    (a wrappable table column, so the table shrinks this one first; a no-wrap text)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=False, overflow="ellipsis"))
+
+    def render(self, task: Any) -> Text:
+        return Text(str(task.fields.get("info", "")), no_wrap=True, overflow="ellipsis")

@@ -16,16 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Column
-from rich.text import Text
+from rich.progress import Progress
 
 from study import manifest as manifest_mod
 from study.config import StudyConfig
@@ -537,7 +528,7 @@ def launch(
     ``num_to_keep`` checkpoints of a trial, and it grows with the number of trials)."""
     from ray import tune
 
-    from study.progress import ProgressCallback
+    from study.progress import ProgressCallback, progress_bar
     from trainables.trainable import FinelineTrainable
 
     ex = cfg.execution
@@ -551,7 +542,7 @@ def launch(
     title = f"study {name}"
     errors = TrialErrors()
     if console.is_terminal:
-        progress: Progress | None = progress_bar()
+        progress: Progress | None = progress_bar(console)
         callback = ProgressCallback(
             f"{title}: seeds", planned, already, sizes, points, progress=progress, trial_errors=errors.errors
         )
@@ -608,29 +599,6 @@ def unit_counter() -> Callable[[Any], int]:
         return made[0] - 1
 
     return next_index
-
-
-def progress_bar(target: Console | None = None) -> Progress:
-    """The terminal's bar: ``title ━━━ done/planned info elapsed eta``. The info (failed and
-    running seeds, the selection metric) is the one column that shrinks, with an ellipsis,
-    on a narrow terminal: the counts, the clock and the ETA always show. The ETA is the
-    callback's (``eta`` field, :meth:`study.progress.ProgressCallback.eta`)."""
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        _InfoColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
-        console=target or console,
-    )
-
-
-class _InfoColumn(ProgressColumn):
-    """``task.fields['info']`` on one line, cut with an ellipsis when the terminal is narrow
-    (a wrappable table column, so the table shrinks this one first; a no-wrap text)."""
-
-    def __init__(self) -> None:
-        super().__init__(table_column=Column(no_wrap=False, overflow="ellipsis"))
-
-    def render(self, task: Any) -> Text:
-        return Text(str(task.fields.get("info", "")), no_wrap=True, overflow="ellipsis")
 
 
 def _point_label(point_json: str) -> str:

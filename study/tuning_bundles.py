@@ -40,17 +40,16 @@ from typing import Any
 
 from study.config import StudyConfig
 from study.runner import fit
-from study.tuning import (
-    _distributions,
-    _position,
-    _say,
-    _told_value,
-    _write_pruned,
-    make_sampler,
-    tune_parts,
-    unit_failures,
-)
+from study.tuning import tune_parts, unit_failures
 from study.tuning_config import TuneBlock
+from study.tuning_search import (
+    distributions,
+    make_sampler,
+    position_of,
+    say,
+    told_value,
+    write_pruned_row,
+)
 from trainables.errors import REFUSED
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
@@ -100,7 +99,7 @@ def bundle_search_class() -> type:
             self._study = optuna.load_study(
                 study_name=template["study"], storage=storage, pruner=make_pruner(block)
             )
-            self._dists = _distributions(block)
+            self._dists = distributions(block)
             self._bundles: dict[str, tuple[str, list[int]]] = {}
             """Ray trial id -> (the bundle's unit_id, its candidates' Optuna numbers)."""
             self._trials: dict[int, Any] = {}
@@ -124,7 +123,7 @@ def bundle_search_class() -> type:
             candidates: list[list[Any]] = []
             seeds = [s["index"] for s in self._template["seeds"]]
             for _ in range(min(self._batch, self._left)):
-                self._study.sampler = make_sampler(self._block, _position(self._study), batched=True)
+                self._study.sampler = make_sampler(self._block, position_of(self._study), batched=True)
                 trial = self._study.ask(self._dists)
                 params = dict(trial.params)
                 trial.set_user_attr("trial_id", unit_from_template(self._template, params)["trial_id"])
@@ -176,7 +175,7 @@ def bundle_search_class() -> type:
                 params = dict(self._trials[n].params)
                 step, value = self._last[n]
                 # the row first, then Optuna: a driver killed in between is settled from it
-                _write_pruned(
+                write_pruned_row(
                     self._template, params,
                     {"objective": value, "epoch": result.get("epoch", 0), "opt_step": result.get("opt_step", 0)},
                     unit_id=unit_id, extra={"optuna_number": n, "bundle_members": members},
@@ -186,7 +185,7 @@ def bundle_search_class() -> type:
                 self.done += 1
                 live = [m for m in numbers if m not in self._settled]
                 goes_on = f"its bundle goes on with {len(live)}" if live else "its bundle stops: none left"
-                _say(f"candidate {self.done}/{self.total}: {_params_text(params)} -> pruned at "
+                say(f"candidate {self.done}/{self.total}: {_params_text(params)} -> pruned at "
                      f"{result.get('at', step)} (objective {value:.4g}; {goes_on})")
             pruned = self._pruned.setdefault(trial_id, [])
             pruned.extend(newly)
@@ -213,10 +212,10 @@ def bundle_search_class() -> type:
                 stats = {k: float(v) for k, v in zip(OBJECTIVE_KEYS, finals[n], strict=True)}
                 for key, value in stats.items():
                     self._trials[n].set_user_attr(key, value)
-                self._study.tell(n, _told_value(stats["objective"], str(self._block.direction)))
+                self._study.tell(n, told_value(stats["objective"], str(self._block.direction)))
                 self._settled.add(n)
                 self.done += 1
-                _say(f"candidate {self.done}/{self.total}: {_params_text(dict(self._trials[n].params))} -> "
+                say(f"candidate {self.done}/{self.total}: {_params_text(dict(self._trials[n].params))} -> "
                      f"objective {stats['objective']:.4g} (std {stats['objective_std']:.3g}, "
                      f"{int(stats['objective_n'])} seeds; bundle of {len(numbers)})")
 

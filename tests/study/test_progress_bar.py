@@ -3,7 +3,7 @@
 commit), failed seeds stay shown, and the end leaves nothing stale.
 
 The fast tests drive the real callback (:class:`study.progress.ProgressCallback`) with Ray
-Tune's own ``Trial`` objects and render the real bar (:func:`study.runner.progress_bar`)
+Tune's own ``Trial`` objects and render the real bar (:func:`study.progress.progress_bar`)
 into a rich console of a given width; the slow one runs a study under a pseudo-terminal."""
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from ray.tune.experiment import Trial
 from rich.console import Console
 from tests_support import TOY_STUDY
 
-from study.progress import ProgressCallback
-from study.runner import progress_bar
+from study.progress import ProgressCallback, progress_bar
 
 
 def _bar(width: int = 80) -> tuple[Console, io.StringIO]:

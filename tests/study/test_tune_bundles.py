@@ -29,7 +29,6 @@ from tests_support import TINY_STUDY
 from analysis.db import connect
 from study.config import parse
 from study.tuning import (
-    _write_pruned,
     candidate_template,
     finished_count,
     reconcile,
@@ -38,6 +37,7 @@ from study.tuning import (
 )
 from study.tuning_bundles import bundle_search_class
 from study.tuning_config import bundle_batch
+from study.tuning_search import write_pruned_row
 from trainables.errors import ConfigError
 from trainables.trainable import FinelineTrainable
 from trainables.tuning_unit import (
@@ -267,7 +267,7 @@ def test_the_pruner_is_consulted_per_candidate_through_the_storage(tmp_path: Pat
     # a driver killed after writing a pruned row, before telling Optuna: settled from the row
     cands = search.suggest("b1")["candidates"]
     n, params = cands[0]
-    _write_pruned(template, params, {"objective": 9.0, "epoch": 1, "opt_step": 19},
+    write_pruned_row(template, params, {"objective": 9.0, "epoch": 1, "opt_step": 19},
                   unit_id=bundle_from_template(template, cands)["unit_id"], extra={"optuna_number": n})
     assert reconcile(optuna.load_study(study_name=NAME, storage=storage), storage, tmp_path, block, template) == [c[0] for c in cands[1:]]
     after = {t.number: t.state for t in optuna.load_study(study_name=NAME, storage=storage).get_trials(deepcopy=False)}
