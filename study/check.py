@@ -103,6 +103,9 @@ class StudyCheck:
     quarantined and not (yet) trained again, e.g. after an interrupted repair."""
     writer: str | None = None
     """The driver writing the study now, if any (then those runs are under way)."""
+    failed_last_run: bool = False
+    """The study's last run recorded failed trials (``study.status.last_run``): resuming
+    may fail them again; ``study status`` says why they failed."""
 
     @property
     def damaged_runs(self) -> set[tuple[str, int]]:
@@ -117,6 +120,8 @@ class StudyCheck:
         old = f", {self.unverified} unverified (committed before checksums)" if self.unverified else ""
         runs_them = (f"being written by {self.writer}" if self.writer else
                      f"`study resume {self.study} --out {self.out}` runs {'it' if self.not_committed == 1 else 'them'}")
+        if self.failed_last_run and not self.writer:
+            runs_them += f"; the last run's failed trials left some: `study status {self.study} --out {self.out}` says why"
         pending = f"; {_n(self.not_committed, 'planned run')} not committed ({runs_them})" if self.not_committed else ""
         if not self.damage:
             return f"study {self.study}: {what}{old}: no damage{pending}"
@@ -274,8 +279,10 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
         found.not_committed = _not_committed(study, manifest, runs)
         if found.not_committed:
             from study.lock import writer
+            from study.status import last_run
 
             found.writer = writer(out, study)
+            found.failed_last_run = bool((last_run(out, study) or {}).get("failed"))
     return found
 
 

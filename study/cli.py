@@ -266,18 +266,22 @@ def ls(out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
 
 @app.command()
 def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
-    """Seeds planned, done, diverged and pending per config.
+    """Seeds planned, done, diverged, failed and pending per config.
 
     One row per config (grid point; trial_id is its hash): seeds planned, done (committed),
-    ok, diverged, not_learned and pending."""
+    ok, diverged, not_learned, failed (left uncommitted by the last run's failed trials) and
+    pending. A table ends with why the last run's seeds failed, or why it stopped early."""
     from analysis.formatting import format_rows
     from analysis.manifest import point_label
-    from study.status import study_status
+    from study.status import last_run_lines, study_status
 
     rows = study_status(out, name)
     if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
         rows = [{**r, "point": point_label(r["point"])} for r in rows]
     typer.echo(format_rows(rows, fmt))
+    if fmt == "table":
+        for line in last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}):
+            typer.echo(line)
 
 
 @app.command()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from trainables.errors import FinelineError, WorkerOutOfMemory
@@ -31,6 +32,18 @@ REFUSED_FIX = (
     "{folder} away first; resuming reruns the recorded config, which its workers refuse again"
 )
 """What to do when every failed trial's config was refused by its worker (``trainables.errors.REFUSED``)."""
+
+
+@dataclass(frozen=True)
+class FailedUnit:
+    """A unit whose trial failed after its retries, or whose config its worker refused."""
+
+    payload: dict[str, Any]
+    """The unit's payload (``study.plan.unit_payload``: trial_id, point_json, seeds, ...)."""
+    error: str
+    """Why, as the driver printed it (:func:`failure_text`, or the refusal's text)."""
+    refused: bool
+    """The worker refused its config (``trainables.errors.REFUSED``): resuming cannot help."""
 
 
 def failures_by_cause(failures: dict[int, str]) -> dict[str, list[int]]:

@@ -23,6 +23,7 @@ from study.config import StudyConfig
 from study.failures import (
     MEMORY_FIX,
     REFUSED_FIX,
+    FailedUnit,
     TrialErrors,
     failed_units_text,
     failures_by_cause,
@@ -41,6 +42,7 @@ from study.preflight import (
     sync_auth_mode,
     warn_cluster_resources,
 )
+from study.status import record_last_run
 from trainables.errors import ConfigError, StudyIncomplete, WorkerOutOfMemory
 from trainables.plugins import shippable
 from trainables.results import committed
@@ -414,8 +416,7 @@ def _run_locked(
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
-    failed_units: list[dict[str, Any]] = []
-    refused = False
+    failed_units: list[FailedUnit] = []
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
     try:
@@ -436,7 +437,7 @@ def _run_locked(
                 console.print(f"study {name}: {note}", soft_wrap=True, highlight=False)
             # A local Ray has no autoscaler that pending trials would grow: one trial per slot.
             slots = None if address else concurrent_trials(resources, cfg)
-            failed_units, refused = launch(payloads, cfg, out, name, already, planned, slots)
+            failed_units = launch(payloads, cfg, out, name, already, planned, slots)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
@@ -445,12 +446,22 @@ def _run_locked(
         oom = killed
     planned, done = committed_counts(cfg, out, name)
     have = committed(out, name) if failed_units else set()
-    failed = sum(1 for u in failed_units for s in u["seeds"] if (u["trial_id"], s["index"]) not in have)
+    lost = [
+        {"trial_id": f.payload["trial_id"], "point": f.payload["point_json"], "error": f.error,
+         "seeds": [s["index"] for s in f.payload["seeds"] if (f.payload["trial_id"], s["index"]) not in have]}
+        for f in failed_units
+    ]
+    failed = sum(len(u["seeds"]) for u in lost)
     pending = planned - done - failed
     counts = {"planned": planned, "done": done, "ran": done - already, "failed": failed, "pending": pending}
     interrupted = stops is not None and stops.received is not None
+    refused = bool(failed_units) and all(f.refused for f in failed_units)
+    stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
+        str(oom) if oom is not None else None
+    )
+    record_last_run(out, name, [u for u in lost if u["seeds"]], stopped)
     if done < planned or interrupted:
-        why = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
+        why = stopped if interrupted else (
             f"{len(failed_units)} trial(s) failed (errors above)" if failed_units else "incomplete"
         )
         fix = resume_command(name, out, address)
@@ -506,10 +517,10 @@ def launch(
     already: int,
     planned: int,
     slots: int | None = None,
-) -> tuple[list[dict[str, Any]], bool]:
-    """Run the units as Ray Tune trials with reused actors; returns the payloads of those that
-    failed after their retries or were refused (what is committed is read from Parquet, not
-    from Tune), and whether every failure was a refused config (then resuming cannot help).
+) -> list[FailedUnit]:
+    """Run the units as Ray Tune trials with reused actors; returns those that failed after
+    their retries or were refused, with why (what is committed is read from Parquet, not
+    from Tune).
 
     ``slots``: how many trials run at once (a local Ray's CPUs per trial); then Tune holds
     only that many trials at a time and starts the newest first (:func:`newest_first`).
@@ -577,12 +588,15 @@ def launch(
     fit(tuner, progress, callback.finish, errors)
     # A trial that failed before its first result has no config in Tune's results: the
     # callback saw every failure, with its grid point.
-    failed = [payloads[i] for i in sorted(set(callback.failed_units))]
+    failed = [
+        FailedUnit(payloads[i], callback.failures.get(i, ""), i in callback.refused)
+        for i in sorted(set(callback.failed_units))
+    ]
     for text, indices in failures_by_cause(callback.failures).items():
         console.print(f"[red]{failed_units_text(indices, points)}:[/red] {text}", soft_wrap=True, highlight=False)
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
-    return failed, bool(failed) and set(callback.refused) == set(callback.failures)
+    return failed
 
 
 def unit_counter() -> Callable[[Any], int]:

@@ -1,11 +1,18 @@
-"""``study status``: per config (grid point), what is planned, committed, diverged and pending.
+"""``study status``: per config (grid point), what is planned, committed, diverged, failed
+and pending, and why the last run's seeds failed or why it stopped.
+
+The driver records its last run's failures in ``OUT/NAME/last_run.json`` (:func:`record_last_run`):
+a study run under nohup or a batch job says why seeds failed long after its log is gone.
 
 Import-light: neither torch nor Ray (nor pandas) is imported, so it answers in about a
 second; a test runs it in a subprocess and checks ``sys.modules``."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +20,80 @@ from study import manifest
 from trainables.errors import StudyStateError
 from trainables.results import readable, table_dir
 
+LAST_RUN = "last_run.json"
+"""The file in a study's folder that says how its last run ended (:func:`record_last_run`)."""
+
+
+def record_last_run(out: Path, name: str, failed: list[dict[str, Any]], stopped: str | None) -> None:
+    """Record how a run of the study ended, atomically: ``failed``, one dict per failed unit
+    (trial_id, point as JSON, seeds: the indices it left uncommitted, error: the line the
+    driver printed), and ``stopped``: why the run stopped early (SIGINT, a memory kill), or
+    None. A run that ended with neither removes the record: nothing is left to explain."""
+    path = Path(out) / name / LAST_RUN
+    if not failed and stopped is None:
+        path.unlink(missing_ok=True)
+        return
+    record = {"ended_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "stopped": stopped, "failed": failed}
+    tmp = path.with_name(f".{LAST_RUN}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def last_run(out: Path, name: str) -> dict[str, Any] | None:
+    """What :func:`record_last_run` wrote (None: the last run ended complete, or none ran;
+    an unreadable record counts as none: it only explains)."""
+    try:
+        record = json.loads((Path(out) / name / LAST_RUN).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def last_run_lines(out: Path, name: str, labels: dict[str, str]) -> list[str]:
+    """The last run's failures and stop, as lines under the status table: one line per cause
+    (seeds still uncommitted, the grid points by ``labels``: trial_id -> label) and one for
+    an early stop. Failed seeds committed since (by ``study resume``) are no longer named."""
+    record = last_run(out, name)
+    if record is None:
+        return []
+    done = _committed(out, name)
+    causes: dict[str, tuple[int, list[str]]] = {}  # error -> (seeds still uncommitted, points)
+    for unit in record.get("failed") or []:
+        seeds = [s for s in unit.get("seeds", []) if (unit.get("trial_id"), s) not in done]
+        if not seeds:
+            continue
+        error, label = str(unit.get("error", "")), labels.get(str(unit.get("trial_id")), "")
+        count, points = causes.get(error, (0, []))
+        causes[error] = (count + len(seeds), points + ([label] if label and label not in points else []))
+    when = str(record.get("ended_at", "?")).replace("T", " ").replace("+00:00", " UTC")
+    lines = []
+    for error, (count, points) in causes.items():
+        named = "; ".join(points[:3]) + ("; ..." if len(points) > 3 else "")
+        lines.append(f"last run (ended {when}): {count} seed(s) failed{f' ({named})' if named else ''}: {error}")
+    if record.get("stopped"):
+        lines.append(f"last run (ended {when}) stopped early: {record['stopped']}")
+    return lines
+
+
+def _committed(out: Path, name: str) -> set[tuple[str, int]]:
+    """(trial_id, seed) of every committed run (the runs files; see :func:`study_status`)."""
+    done: set[tuple[str, int]] = set()
+    folder = table_dir(out, "runs", name)
+    for path in folder.glob("*.parquet") if folder.is_dir() else []:
+        t = readable(path, ["trial_id", "seed"])
+        done |= {(r["trial_id"], int(r["seed"])) for r in (t.to_pylist() if t is not None else [])}
+    return done
+
 
 def study_status(out: Path, name: str) -> list[dict[str, Any]]:
     """One dict per grid point: point, trial_id, planned, done, ok, diverged, not_learned
-    (committed runs whose selection metric never reached the arming level), pending."""
+    (committed runs whose selection metric never reached the arming level), failed (seeds
+    the last run's failed trials left uncommitted: :func:`last_run`) and pending (the rest)."""
     m = manifest.read(out, name)
     if m is None:
         raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
     status: dict[str, dict[str, int]] = {}
+    committed_seeds: dict[str, set[int]] = {}
     folder = table_dir(out, "runs", name)
     if folder.is_dir():
         for path in folder.glob("*.parquet"):
@@ -30,10 +103,17 @@ def study_status(out: Path, name: str) -> list[dict[str, Any]]:
             for r in t.to_pylist() if t is not None else []:
                 d = status.setdefault(r["trial_id"], {})
                 d[r["status"]] = d.get(r["status"], 0) + 1
+                committed_seeds.setdefault(r["trial_id"], set()).add(int(r["seed"]))
+    failed: dict[str, int] = {}
+    for unit in (last_run(out, name) or {}).get("failed") or []:
+        tid = str(unit.get("trial_id"))
+        left = [s for s in unit.get("seeds", []) if s not in committed_seeds.get(tid, set())]
+        failed[tid] = failed.get(tid, 0) + len(left)
     rows = []
     for p in m.get("points", []):
         d = status.get(p["trial_id"], {})
         done = sum(d.values())
+        lost = min(failed.get(p["trial_id"], 0), max(0, p["seeds"] - done))
         rows.append({
             "point": json.dumps(p.get("point") or {}, sort_keys=True),
             "trial_id": p["trial_id"],
@@ -42,6 +122,7 @@ def study_status(out: Path, name: str) -> list[dict[str, Any]]:
             "ok": d.get("ok", 0),
             "diverged": d.get("diverged", 0),
             "not_learned": d.get("not_learned", 0),
-            "pending": max(0, p["seeds"] - done),
+            "failed": lost,
+            "pending": max(0, p["seeds"] - done - lost),
         })
     return rows

@@ -110,3 +110,37 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     # resuming would rerun the refused config: the fix is a corrected config under a new name
     assert f"run it under a new name (`study run CONFIG --name NEW --out {out}`)" in text, text
     assert "study resume" not in text.split("error: ")[-1], text
+    # `study status` says it after the log is gone: 2 failed seeds of that point and why
+    status = subprocess.run([sys.executable, "-m", "study.cli", "status", "refused", "--out", str(out)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    rows = {ln.split()[0]: ln.split() for ln in status.stdout.splitlines() if ln.startswith("batch_size=")}
+    assert rows["batch_size=1000"][-2:] == ["2", "0"] and rows["batch_size=16"][-2:] == ["0", "0"], status.stdout
+    last = status.stdout.strip().splitlines()[-1]
+    assert re.match(rf"last run \(ended [0-9-]+ [0-9:]+ UTC\): 2 seed\(s\) failed \(batch_size=1000\): {re.escape(cause)}", last), last
+
+
+def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_when_nothing_is_left(
+    tmp_path: Path,
+) -> None:
+    """``study.status.record_last_run`` / ``last_run_lines``: one line per cause with the
+    seeds still uncommitted; a seed committed since (a resume) is no longer counted; a run
+    that ends with no failure and no early stop removes the record."""
+    from study.status import LAST_RUN, last_run_lines, record_last_run
+    from trainables.results import write_rows
+
+    (tmp_path / "s").mkdir()
+    boom = "RuntimeError: boom"
+    record_last_run(tmp_path, "s", [
+        {"trial_id": "a", "point": "{}", "seeds": [0, 1], "error": boom},
+        {"trial_id": "b", "point": "{}", "seeds": [2], "error": boom},
+        {"trial_id": "c", "point": "{}", "seeds": [0], "error": "other. Fix: x"},
+    ], "interrupted by SIGINT")
+    labels = {"a": "lr=0.1", "b": "lr=0.2", "c": ""}
+    lines = last_run_lines(tmp_path, "s", labels)
+    assert [ln.split(": ", 1)[1] for ln in lines] == [
+        f"3 seed(s) failed (lr=0.1; lr=0.2): {boom}", "1 seed(s) failed: other. Fix: x", "interrupted by SIGINT"]
+    write_rows(tmp_path, "s", "runs", "a-1", [{"study": "s", "trial_id": "a", "seed": 1, "status": "ok"}])
+    assert last_run_lines(tmp_path, "s", labels)[0].endswith(f"2 seed(s) failed (lr=0.1; lr=0.2): {boom}")
+    record_last_run(tmp_path, "s", [], None)
+    assert not (tmp_path / "s" / LAST_RUN).exists() and last_run_lines(tmp_path, "s", labels) == []
