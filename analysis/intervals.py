@@ -124,7 +124,12 @@ def diff_interval(
         return Interval(est, est, est, level, "constant", n)
 
     if method == "welch-t":
-        ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
+        with warnings.catch_warnings():
+            # One sample constant (every run at 1.0, say) has variance exactly 0, which scipy
+            # flags as "precision loss ... nearly identical" while its interval is exact (the
+            # other sample's spread alone); the warning reached `study analyze`'s terminal.
+            warnings.filterwarnings("ignore", message="Precision loss occurred in moment calculation")
+            ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
         return Interval(est, float(ci.low), float(ci.high), level, "welch-t", n)
 
     def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -73,6 +73,20 @@ def test_diff_interval_is_welchs_and_agrees_with_its_p() -> None:
         assert (ci.low > 0 or ci.high < 0) == (p < 0.05)
 
 
+def test_diff_interval_with_one_constant_sample_is_exact_and_silent() -> None:
+    """Every run of one config at 1.0: its variance is 0, so Welch's se is the other's alone,
+    sqrt(var_b / 3), with df = n_b - 1 = 2. scipy flagged it "precision loss" and that
+    RuntimeWarning reached `study analyze`'s terminal."""
+    import warnings
+
+    b = np.array([0.32, 0.14, 0.28])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = iv.diff_interval([1.0, 1.0, 1.0], b)
+    half = sps.t.ppf(0.975, 2) * np.sqrt(b.var(ddof=1) / 3)
+    assert (d.low, d.high) == pytest.approx((1 - b.mean() - half, 1 - b.mean() + half))
+
+
 def test_a12_by_hand_and_as_mann_whitney() -> None:
     # a = [1, 2, 3] vs b = [2, 2]: 2 of 6 pairs a > b, 2 ties -> 2/6 + (2/6)/2 = 0.5
     assert iv.a12([1, 2, 3], [2, 2]) == pytest.approx(0.5)
