@@ -124,7 +124,9 @@ def diff_interval(
         return Interval(est, est, est, level, "constant", n)
 
     if method == "welch-t":
-        ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
+        with warnings.catch_warnings():  # a constant sample (every seed at 1.0): scipy's
+            warnings.simplefilter("ignore")  # precision-loss warning, while the interval is exact
+            ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
         return Interval(est, float(ci.low), float(ci.high), level, "welch-t", n)
 
     def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
