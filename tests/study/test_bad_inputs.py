@@ -372,6 +372,11 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("report-band", _with_out(lambda t: t / "results", "report", "s", "--band", "wide"), "error: --band: "),
     ("report-to-under-file", lambda tmp: ["report", "s", "--to", str(_file(tmp) / "r.html"),
                                           "--out", str(tmp / "results")], "error: --to: "),
+    # --to '' was Path('.'): the charts went into the current folder as PNGs; a folder named
+    # with a trailing / over an existing file overwrote the file (Path() drops the slash)
+    ("report-to-empty", _with_out(lambda t: t / "results", "report", "s", "--to", ""), "error: --to: is empty"),
+    ("report-to-file-as-folder", lambda tmp: ["report", "s", "--to", f"{_file(tmp)}/",
+                                              "--out", str(tmp / "results")], "error: --to: "),
 ]
 
 
