@@ -265,8 +265,12 @@ def ray_classes() -> tuple[type, type]:
                 value = _told_value(float(result["objective"]), str(self._block.direction))
                 study.tell(ot_trial, value)
             else:  # stopped by the scheduler (ASHA) before its last epoch
+                # the row first, then Optuna: a driver killed in between is settled from the
+                # row (reconcile: PRUNED); the other order left it PRUNED without its row
+                _write_pruned(
+                    self._template, dict(ot_trial.params), result, extra={"optuna_number": ot_trial.number}
+                )
                 study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
-                _write_pruned(self._template, dict(ot_trial.params), result)
 
     class CandidateLog(Callback):
         """Prints one line per finished or failed candidate (holds no unpicklable state)."""
@@ -495,12 +499,13 @@ def _tune_locked(
     if requeued:
         console.print(f"re-running interrupted candidate(s) {requeued} of tuning study {name}")
     finished = finished_count(study)
+    storage_path = (out / name / "ray").resolve()
     if finished >= n_trials:
         console.print(f"[green]tuning study {name}: {finished}/{n_trials} already finished[/green]")
+        _clean_up(out, name, storage_path)  # what a killed driver left (a resume that settled it)
         return {"requested": n_trials, "finished": finished, "ran": 0}
     if not block.sequential:
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
-    storage_path = (out / name / "ray").resolve()
     errors: list[BaseException] = []
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
@@ -557,9 +562,15 @@ def _tune_locked(
             f"Fix: {first}re-run `{again}` (or `study resume {name} --out {out}`) to resume",
             stops.exit_code if interrupted and stops is not None else 1,
         )
-    shutil.rmtree(storage_path, ignore_errors=True)
-    shutil.rmtree(out / name / "pruned", ignore_errors=True)  # bundles' pruning decisions
+    _clean_up(out, name, storage_path)
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
+
+
+def _clean_up(out: Path, name: str, storage_path: Path) -> None:
+    """Remove what only a running search needs: Ray Tune's storage and the bundles' pruning
+    decisions (``OUT/NAME/pruned``)."""
+    shutil.rmtree(storage_path, ignore_errors=True)
+    shutil.rmtree(out / name / "pruned", ignore_errors=True)
 
 
 def _failed_numbers(study: Any) -> set[int]:
