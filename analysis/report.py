@@ -334,10 +334,11 @@ def page_spec(panels: list[Panel], store: charts.ChartData) -> dict[str, Any]:
 
 
 @functools.cache
-def check_target(target: Path) -> None:
-    """Raise :class:`AnalysisError` unless ``target`` is a .html/.png/.svg/.pdf path or a folder."""
+def check_target(target: Path, folder: bool = False) -> None:
+    """Raise :class:`AnalysisError` unless ``target`` is a .html/.png/.svg/.pdf path or a folder
+    (``folder``: named as one, e.g. ``charts.v2/``)."""
     suffix = target.suffix.lower()
-    if not (target.is_dir() or suffix in ("", ".html", ".htm", *IMAGE_SUFFIXES)):
+    if not (folder or target.is_dir() or suffix in ("", ".html", ".htm", *IMAGE_SUFFIXES)):
         raise AnalysisError(
             f"cannot write a report to {target}: use a .html, .png, .svg or .pdf file or a directory"
         )
@@ -368,14 +369,15 @@ class Report:
     def html(self) -> str:
         return render_html(self.study, self.header, self.spec())
 
-    def save(self, to: Path) -> Path:
-        """Write to ``to`` (format by suffix, as in :func:`write_report`); returns ``to``."""
+    def save(self, to: Path, folder: bool = False) -> Path:
+        """Write to ``to`` (format by suffix, as in :func:`write_report`; ``folder``: one PNG
+        per chart inside it, whatever its suffix); returns ``to``."""
         import vl_convert as vlc
 
         to = Path(to)
-        check_target(to)
+        check_target(to, folder)
         suffix = to.suffix.lower()
-        if to.is_dir() or suffix == "":
+        if folder or to.is_dir() or suffix == "":
             to.mkdir(parents=True, exist_ok=True)
             for i, p in enumerate(self.panels):
                 png = vlc.vegalite_to_png(
@@ -456,14 +458,15 @@ def write_report(
     band: str = "ci",
     verdict_metric: str | None = None,
     verdict_splits: list[str] | None = None,
+    folder: bool = False,
 ) -> Path:
     """Write the report of ``study`` (results in ``out``) and return where it went.
 
     ``to``: ``None`` -> ``OUT/<study>/report.html``; a ``.html`` path -> that page; a
     ``.png``, ``.svg`` or ``.pdf`` path -> the header (metadata, verdict sentence,
     warnings) and every chart in one image or document (vl-convert); an existing
-    directory or a path without suffix -> one PNG per chart inside it
-    (``00-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
+    directory, a path without suffix, or any path with ``folder`` (``study report --to
+    DIR/``) -> one PNG per chart inside it (``00-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
     ``default_rng(seed)``; ``band``: ``ci`` (95% bootstrap bands of means, the default) or
     ``minmax``; ``verdict_metric`` / ``verdict_splits`` as for :func:`build_report`.
     Progress goes to stderr unless ``quiet``. Raises
@@ -471,12 +474,12 @@ def write_report(
     any committed evals.
     """
     target = Path(out) / study / "report.html" if to is None else Path(to)
-    check_target(target)
+    check_target(target, folder)
     report = build_report(out, study, n_boot=n_boot, seed=seed, quiet=quiet, band=band,
                           verdict_metric=verdict_metric, verdict_splits=verdict_splits)  # fmt: skip
     if not quiet:
         from rich.console import Console
 
         with Console(stderr=True).status(f"writing {target}"):
-            return report.save(target)
-    return report.save(target)
+            return report.save(target, folder)
+    return report.save(target, folder)

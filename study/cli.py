@@ -357,7 +357,8 @@ def analyze(
 def report(
     name: Annotated[str, typer.Argument()],
     out: OutOpt = Path("results"),
-    to: Annotated[Path | None, typer.Option("--to", help="HTML file, .png/.svg/.pdf file, or a folder.")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="HTML file, .png/.svg/.pdf file, or a folder "
+                                           "(a path without suffix, an existing folder, or one ending in /).")] = None,
     band: Annotated[str, typer.Option("--band", help="ci (95% bootstrap band of the mean) or minmax.")] = "ci",
     verdict_metric: VerdictMetricOpt = None,
     verdict_split: VerdictSplitOpt = None,
@@ -369,14 +370,23 @@ def report(
 
     if band not in BANDS:  # before any results are read
         raise ConfigError("--band", f"unknown band {band!r}", "use ci (95% bootstrap band of the mean) or minmax")
+    folder = False
     if to is not None:
+        if not to.strip():  # Path("") is ".": the charts went into the current folder
+            raise ConfigError("--to", "is empty", "give a file (e.g. --to report.html or --to report.png) "
+                              "or a folder (e.g. --to charts/)")
         blocker = next((p for p in Path(to).parents if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise ConfigError("--to", f"{to} cannot be written: {blocker} is a file, not a folder",
                               "give a path under a folder (e.g. --to report.html or --to charts/)")
+        folder = to.endswith(("/", os.sep))  # Path() drops the slash: report.png/ wrote a file
+        if folder and Path(to).exists() and not Path(to).is_dir():
+            raise ConfigError("--to", f"{to} names a folder, but {to.rstrip('/' + os.sep)} is a file",
+                              "drop the trailing / to overwrite the file, or name another folder")
 
     with naming_damage(out):
-        path = write_report(out, name, to, band=band, verdict_metric=verdict_metric, verdict_splits=verdict_split)
+        path = write_report(out, name, None if to is None else Path(to), folder=folder, band=band,
+                            verdict_metric=verdict_metric, verdict_splits=verdict_split)
     typer.echo(f"report written: {path}")
 
 

@@ -286,12 +286,13 @@ def _tune_locked(
     if requeued:
         console.print(f"re-running interrupted candidate(s) {requeued} of tuning study {name}")
     finished = finished_count(study)
+    storage_path = (out / name / "ray").resolve()
     if finished >= n_trials:
         console.print(f"[green]tuning study {name}: {finished}/{n_trials} already finished[/green]")
+        _clean_up(out, name, storage_path)  # what a killed driver left (a resume that settled it)
         return {"requested": n_trials, "finished": finished, "ran": 0}
     if not block.sequential:
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
-    storage_path = (out / name / "ray").resolve()
     errors: list[BaseException] = []
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
@@ -351,9 +352,18 @@ def _tune_locked(
             f"Fix: {fix}",
             stops.exit_code if interrupted and stops is not None else 1,
         )
-    shutil.rmtree(storage_path, ignore_errors=True)
-    shutil.rmtree(out / name / "pruned", ignore_errors=True)  # bundles' pruning decisions
+    _clean_up(out, name, storage_path)
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
+
+
+_KIND_WORDS = {"seeds": "seed", "tune": "tuning"}
+
+
+def _clean_up(out: Path, name: str, storage_path: Path) -> None:
+    """Remove what only a running search needs: Ray Tune's storage and the bundles' pruning
+    decisions (``OUT/NAME/pruned``)."""
+    shutil.rmtree(storage_path, ignore_errors=True)
+    shutil.rmtree(out / name / "pruned", ignore_errors=True)
 
 
 def _failed_numbers(study: Any) -> set[int]:
@@ -458,9 +468,14 @@ def best_config(
     from analysis.db import connect
 
     m = manifest_mod.read(out, tune_name)
-    if m is None or m.get("kind") != "tune":
+    if m is None:
         raise StudyStateError(
             f"--from-best: no tuning study {tune_name!r} in {out}. Fix: check `study ls --out {out}`"
+        )
+    if m.get("kind") != "tune":  # it said "no tuning study" of a study that is there
+        raise StudyStateError(
+            f"--from-best: study {tune_name!r} in {out} is a {_KIND_WORDS.get(str(m.get('kind')), 'seed')} study, not a "
+            f"tuning study. Fix: name the tuning study it came from (`study ls --out {out}` lists kinds)"
         )
     tune = m.get("tune") or {}
     direction, keys = tune.get("direction", "maximize"), list(tune.get("space") or {})

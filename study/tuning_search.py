@@ -151,8 +151,12 @@ def ray_classes() -> tuple[type, type]:
                 value = told_value(float(result["objective"]), str(self._block.direction))
                 study.tell(ot_trial, value)
             else:  # stopped by the scheduler (ASHA) before its last epoch
+                # the row first, then Optuna: a driver killed in between is settled from the
+                # row (reconcile: PRUNED); the other order left it PRUNED without its row
+                write_pruned_row(
+                    self._template, dict(ot_trial.params), result, extra={"optuna_number": ot_trial.number}
+                )
                 study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
-                write_pruned_row(self._template, dict(ot_trial.params), result)
 
     class CandidateLog(Callback):
         """Prints one line per finished or failed candidate (holds no unpicklable state)."""

@@ -143,6 +143,11 @@ def test_svg_and_directory_export(reports: dict[str, Report], tmp_path: Path) ->
     assert len(files) == len(report.panels)
     assert files[0] == "00-distribution.png" and any("scatter" in f for f in files)
     assert all(_png_size((folder / f).read_bytes())[0] > 100 for f in files)
+    # a folder named with a suffix (`study report --to figs.v2/`, `--to figs.png/`): one PNG
+    # per chart inside it, not one image called figs.png (Path() drops the trailing slash)
+    for name in ("figs.v2", "figs.png"):
+        named = report.save(tmp_path / name, folder=True)
+        assert named.is_dir() and sorted(p.name for p in named.iterdir()) == files
 
 
 def test_report_errors_are_clear(out: Path, tmp_path: Path) -> None:

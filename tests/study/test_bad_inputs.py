@@ -372,6 +372,11 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("report-band", _with_out(lambda t: t / "results", "report", "s", "--band", "wide"), "error: --band: "),
     ("report-to-under-file", lambda tmp: ["report", "s", "--to", str(_file(tmp) / "r.html"),
                                           "--out", str(tmp / "results")], "error: --to: "),
+    # --to '' was Path('.'): the charts went into the current folder as PNGs; a folder named
+    # with a trailing / over an existing file overwrote the file (Path() drops the slash)
+    ("report-to-empty", _with_out(lambda t: t / "results", "report", "s", "--to", ""), "error: --to: is empty"),
+    ("report-to-file-as-folder", lambda tmp: ["report", "s", "--to", f"{_file(tmp)}/",
+                                              "--out", str(tmp / "results")], "error: --to: "),
 ]
 
 
@@ -449,6 +454,22 @@ def test_a_seed_study_under_a_tuning_studys_name_is_refused(
     line = check_refused(rc, err, "error: study 'tiny' in ", out, before)
     assert rc == 2 and "is a tuning study" in line and "--from-best tiny" in line, line
     assert manifest.read(out, "tiny")["kind"] == "tune"
+
+
+def test_from_best_of_a_seed_study_says_it_is_not_a_tuning_study(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``study run --from-best X`` where X is a seed study (e.g. X-best itself) said "no
+    tuning study 'X'", as if X did not exist; it now says what X is."""
+    out = tmp_path / "results"
+    seeds = out / "s" / "study.json"
+    seeds.parent.mkdir(parents=True)
+    seeds.write_text(json.dumps({"name": "s", "kind": "seeds", "task": "toy2d", "model": "mlp",
+                                 "config": {}, "seeds": 2, "points": [{"trial_id": "t", "point": {}, "seeds": 2}]}))
+    before = snapshot(out)
+    rc, err = run_cli(["run", "--from-best", "s", "--out", str(out)], capsys)
+    line = check_refused(rc, err, "error: --from-best: study 's' in ", out, before)
+    assert rc == 2 and "is a seed study, not a tuning study" in line, line
 
 
 # --------------------------------------------------------------------------- data files

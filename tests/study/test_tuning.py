@@ -490,3 +490,49 @@ def test_a_task_declares_its_default_space(monkeypatch: pytest.MonkeyPatch) -> N
     assert TASKS.get("toy2d") is Toy2D
     block = tune_block(parse(toy))
     assert block.space is not None and list(block.space) == ["train.lr"] and block.space["train.lr"].high == 0.1
+
+
+def test_a_driver_killed_between_the_pruned_row_and_optuna_is_settled_as_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One candidate per trial, ASHA: the driver told Optuna PRUNED, then wrote the pruned
+    ``trials`` row; killed in between, the candidate stayed PRUNED without its row. The row
+    is now written first (with its ``optuna_number``, as in a bundle), so a driver killed
+    before Optuna heard is settled from it: PRUNED, nothing re-run."""
+    cfg = parse(CONFIG)
+    block = tune_block(cfg)
+    template = candidate_template(cfg, block, NAME, tmp_path)
+    (tmp_path / NAME).mkdir()
+    storage = optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
+    search_cls, _ = ray_classes()
+    searcher = search_cls(block, template, storage)
+    searcher.suggest("p")
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # the driver dies before Optuna hears
+    with monkeypatch.context() as m:
+        m.setattr(optuna.study.Study, "tell", killed)
+        with pytest.raises(KeyboardInterrupt):
+            searcher.on_trial_complete("p", {"objective": 50.0, "epoch": 1, "opt_step": 19})
+    study = optuna.load_study(study_name=NAME, storage=storage)
+    assert reconcile(study, storage, tmp_path, block, template) == []
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    rows = sql(tmp_path, "SELECT status, optuna_number, pruned_epoch FROM trials")
+    assert rows == [{"status": "pruned", "optuna_number": 0, "pruned_epoch": 1}]
+
+
+def test_a_resume_that_finds_the_search_finished_removes_the_search_folders(tmp_path: Path) -> None:
+    """A driver killed after its last candidate committed leaves ``OUT/NAME/ray`` (Ray Tune's
+    storage) and ``OUT/NAME/pruned``; the resume settles the candidate and finds the search
+    finished, and returned before removing them (docs: removed when the search ends)."""
+    from study.tuning import run_tuning
+
+    _search(tmp_path, 3)  # 3 finished candidates, no Ray
+    for left in ("ray/tune-1", "pruned"):
+        (tmp_path / NAME / left).mkdir(parents=True)
+    (tmp_path / NAME / "pruned" / "b1.json").write_text('{"numbers": [0]}')
+    cfg = parse({**CONFIG, "tune": {**TUNE, "sequential": True, "startup_trials": 3}})
+    res = run_tuning(cfg, NAME, tmp_path, trials=3, num_cpus=1)
+    assert res == {"requested": 3, "finished": 3, "ran": 0}
+    assert not (tmp_path / NAME / "ray").exists() and not (tmp_path / NAME / "pruned").exists()
