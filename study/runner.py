@@ -599,6 +599,18 @@ def launch(
     return failed
 
 
+def _experiment_state_sync(record: logging.LogRecord) -> bool:
+    """A logging filter: drops Tune's "Saving experiment state to storage ... failed" error.
+
+    Tune copies its experiment state (its driver's files) into the study's ``ray`` folder now
+    and then; the copy races with its own atomic writes of the searcher's state (seen:
+    ``FileNotFoundError`` on a ``.tmp-searcher-state`` file that was renamed meanwhile) and
+    printed a 20-line traceback mid-study. fineline never restores a Tune experiment (a
+    study resumes from its Parquet files and, when tuning, its Optuna storage), so that
+    state is not needed; every other record passes."""
+    return not record.getMessage().startswith("Saving experiment state to storage")
+
+
 def unit_counter() -> Callable[[Any], int]:
     """The trials' ``unit_index`` as a ``tune.sample_from`` function: 0, 1, ... in the order
     Tune makes its ``num_samples`` trials. ``tune.grid_search(range(n))`` gave the same
@@ -639,6 +651,8 @@ def fit(
     controller_log = logging.getLogger("ray.tune.execution.tune_controller")
     errors = errors if errors is not None else TrialErrors()
     controller_log.addFilter(errors)
+    state_log = logging.getLogger("ray.tune.execution.experiment_state")
+    state_log.addFilter(_experiment_state_sync)
     if SIGNALS is not None:
         SIGNALS.tune_running = True
     try:
@@ -655,3 +669,4 @@ def fit(
             SIGNALS.tune_running = False
         tune_log.setLevel(level)
         controller_log.removeFilter(errors)
+        state_log.removeFilter(_experiment_state_sync)

@@ -64,6 +64,7 @@ from study.tuning_config import (
 )
 from study.tuning_search import (
     make_sampler,
+    pruning_scheduler,
     ray_classes,
     told_value,
 )
@@ -408,24 +409,14 @@ def _launch(
 ) -> list[BaseException]:
     """Run ``n_trials - finished`` candidates on the connected Ray; returns their errors."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
 
-    ex, spec = cfg.execution, cfg.points[0].spec
+    ex = cfg.execution
     workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
     search_cls, log_cls = ray_classes()
-    search = ConcurrencyLimiter(
-        search_cls(block, template, storage), max_concurrent=1 if block.sequential else workers
-    )
-    scheduler = None
-    if block.pruner == "asha":
-        step_based = spec.train.max_steps is not None or spec.make_task().fresh_samples
-        scheduler = ASHAScheduler(
-            time_attr="opt_step" if step_based else "epoch",
-            grace_period=block.grace_period,
-            reduction_factor=block.reduction_factor,
-            max_t=(spec.train.max_steps or 10**9) if step_based else spec.train.max_epochs,
-        )
+    searcher = search_cls(block, template, storage)
+    search = ConcurrencyLimiter(searcher, max_concurrent=1 if block.sequential else workers)
+    scheduler = pruning_scheduler(searcher) if block.pruner != "none" else None
     trainable, run_config, failed = tune_parts(
         cfg, storage_path, [log_cls(n_trials, finished, list(template["space_keys"]))]
     )

@@ -44,6 +44,7 @@ from study.tuning import tune_parts, unit_failures
 from study.tuning_config import TuneBlock
 from study.tuning_search import (
     distributions,
+    make_pruner,
     make_sampler,
     position_of,
     say,
@@ -57,17 +58,6 @@ from trainables.tuning_unit import (
     unit_from_template,
     write_pruned,
 )
-
-
-def make_pruner(block: TuneBlock) -> Any:
-    """The Optuna pruner consulted per candidate of a bundle (``NopPruner`` for ``none``)."""
-    import optuna
-
-    if block.pruner == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=block.grace_period, reduction_factor=block.reduction_factor
-        )
-    return optuna.pruners.NopPruner()
 
 
 def _params_text(params: dict[str, Any]) -> str:

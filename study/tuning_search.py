@@ -39,6 +39,37 @@ def make_sampler(block: TuneBlock, position: int, batched: bool = False) -> Any:
     )
 
 
+def make_pruner(block: TuneBlock) -> Any:
+    """The Optuna pruner consulted per candidate (``NopPruner`` for ``none``): ``asha`` is
+    Optuna's ``SuccessiveHalvingPruner`` (asynchronous successive halving), rungs at
+    ``grace_period * reduction_factor**k`` epochs (optimizer steps for step-based tasks).
+    It reads every candidate's rung values from the storage, so a resumed search compares
+    new candidates with those of earlier runs too."""
+    import optuna
+
+    if block.pruner == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=block.grace_period, reduction_factor=block.reduction_factor
+        )
+    return optuna.pruners.NopPruner()
+
+
+def pruning_scheduler(searcher: Any) -> Any:
+    """A Ray Tune scheduler that stops a candidate's trial when the study's Optuna pruner says
+    so (``searcher``: the :func:`ray_classes` searcher, which reports the candidate's curve
+    first). Ray's own ASHA kept its rungs in the driver's memory: each ``study tune`` (a
+    resume, a larger ``--trials``) started empty, so a candidate pruned at epoch 1 in an
+    uninterrupted search trained to its end after a resume. Defined on first use (no Ray
+    import at module level)."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class OptunaPruning(FIFOScheduler):
+        def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+            return TrialScheduler.STOP if searcher.should_prune(trial.trial_id, result) else TrialScheduler.CONTINUE
+
+    return OptunaPruning()
+
+
 def distributions(block: TuneBlock) -> dict[str, Any]:
     import optuna
 
@@ -87,7 +118,8 @@ def ray_classes() -> tuple[type, type]:
 
         * each proposal's sampler is seeded from (sampler_seed, position) (reproducible resume);
         * a candidate is COMPLETE only with its final objective over all seeds (its spread as
-          user attributes), PRUNED when ASHA stopped it (a ``pruned`` trials row is written),
+          user attributes), PRUNED when the pruner stopped it (:func:`pruning_scheduler`; a
+          ``pruned`` trials row is written first),
           FAIL when it errored; the fineline ``trial_id`` is a user attribute.
         """
 
@@ -104,6 +136,20 @@ def ray_classes() -> tuple[type, type]:
                 study_name=template["study"],
                 storage=storage,
             )
+
+        def _setup_study(self, mode: Any) -> None:
+            super()._setup_study(mode)
+            study: Any = self._ot_study
+            study.pruner = make_pruner(self._block)  # Ray's OptunaSearch sets a NopPruner
+
+        def should_prune(self, trial_id: str, result: dict[str, Any]) -> bool:
+            """Report the candidate's new curve points (:meth:`on_trial_result`), then ask the
+            study's pruner (:func:`make_pruner`) at its last step."""
+            if self._block.pruner == "none" or trial_id not in self._ot_trials or trial_id in self._completed_trials:
+                return False
+            self.on_trial_result(trial_id, result)
+            ot_trial = self._ot_trials[trial_id]
+            return bool(self._curve_steps.get(trial_id, -1) >= 0 and ot_trial.should_prune())
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
             study: Any = self._ot_study
@@ -150,7 +196,7 @@ def ray_classes() -> tuple[type, type]:
                     ot_trial.set_user_attr(key, float(result[key]))
                 value = told_value(float(result["objective"]), str(self._block.direction))
                 study.tell(ot_trial, value)
-            else:  # stopped by the scheduler (ASHA) before its last epoch
+            else:  # stopped by the pruner (pruning_scheduler) before its last epoch
                 # the row first, then Optuna: a driver killed in between is settled from the
                 # row (reconcile: PRUNED); the other order left it PRUNED without its row
                 write_pruned_row(

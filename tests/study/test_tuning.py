@@ -474,6 +474,31 @@ def test_a_pruned_candidate_is_pruned_in_optuna_and_listed_in_trials(tmp_path: P
     assert rows[0]["param_train_lr"] == pytest.approx(params["train.lr"], rel=1e-12)
 
 
+def test_the_pruner_compares_a_resumed_searchs_candidates_with_earlier_ones(tmp_path: Path) -> None:
+    """``pruner: asha`` with one candidate per trial is Optuna's SuccessiveHalvingPruner, which
+    keeps each rung's values in the storage. Ray's ASHA kept them in the driver's memory, so
+    after a resume (a fresh searcher, as here) a candidate far worse than one finished before
+    trained to its end. Rungs at 1, 2, 4 epochs (grace 1, factor 2); objective: a loss."""
+    cfg = parse({**CONFIG, "tune": {**TUNE, "pruner": "asha", "grace_period": 1, "reduction_factor": 2}})
+    block = tune_block(cfg)
+    template = candidate_template(cfg, block, NAME, tmp_path)
+    (tmp_path / NAME).mkdir()
+    storage = optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
+    search_cls, _ = ray_classes()
+    first = search_cls(block, template, storage)
+    first.suggest("a")
+    assert first.should_prune("a", {"objective_curve": [[1, 10.0]]}) is False  # alone at rung 0
+    final = {"objective": 9.0, "objective_std": 0.0, "objective_min": 9.0, "objective_max": 9.0, "objective_n": 2}
+    first.on_trial_complete("a", {**final, "objective_curve": [[2, 9.0]]})
+    resumed = search_cls(block, template, storage)  # the next `study tune`: a new driver
+    resumed.suggest("b")
+    assert resumed.should_prune("b", {"objective_curve": [[1, 50.0]]}) is True  # worse than a at rung 0
+    resumed.suggest("c")
+    assert resumed.should_prune("c", {"objective_curve": [[1, 5.0]]}) is False  # better: promoted
+    assert [list(t.intermediate_values.items()) for t in load_study(tmp_path).get_trials(deepcopy=False)] == [
+        [(1, 10.0), (2, 9.0)], [(1, 50.0)], [(1, 5.0)]]
+
+
 def test_a_task_declares_its_default_space(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Task.default_search_space`` (a plugin's task declares its own); without one, a
     ``tune:`` block must name its space and the error says where a default would go."""
