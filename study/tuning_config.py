@@ -95,7 +95,8 @@ class TuneBlock(FrozenConfig):
     enqueue: tuple[dict[str, float], ...] = ()
     """Candidates evaluated first, before the sampler proposes (e.g. the published config)."""
     pruner: Literal["none", "asha"] = "none"
-    """Early stopping of poor candidates (ASHA on the per-epoch objective); off by default."""
+    """Early stopping of poor candidates: ``asha``, asynchronous successive halving (Optuna's
+    SuccessiveHalvingPruner) on the per-epoch objective; off by default."""
     grace_period: int = Field(2, ge=1)
     """ASHA: epochs (optimizer steps for step-based training) before a candidate can be stopped."""
     reduction_factor: int = Field(3, ge=2)
