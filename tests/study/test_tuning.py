@@ -452,13 +452,19 @@ def test_sequential_search_is_reproducible_across_an_interruption(tmp_path: Path
     assert d == a[:4]
 
 
-def test_a_pruned_candidate_is_pruned_in_optuna_and_listed_in_trials(tmp_path: Path) -> None:
-    cfg = parse(CONFIG)
+def _in_process_search(tmp_path: Path, cfg: Any) -> tuple[Any, Any, dict[str, Any], Any]:
+    """(searcher class, tune block, candidate template, Optuna storage) of ``cfg`` under
+    ``tmp_path``: the searcher driven in-process, without Ray."""
     block = tune_block(cfg)
     template = candidate_template(cfg, block, NAME, tmp_path)
     (tmp_path / NAME).mkdir()
-    storage = optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
     search_cls, _ = ray_classes()
+    return search_cls, block, template, optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
+
+
+def test_a_pruned_candidate_is_pruned_in_optuna_and_listed_in_trials(tmp_path: Path) -> None:
+    cfg = parse(CONFIG)
+    search_cls, block, template, storage = _in_process_search(tmp_path, cfg)
     searcher = search_cls(block, template, storage)
     params = searcher.suggest("p")
     searcher.on_trial_complete("p", {"objective": 50.0, "epoch": 1, "opt_step": 19})
@@ -480,11 +486,7 @@ def test_the_pruner_compares_a_resumed_searchs_candidates_with_earlier_ones(tmp_
     after a resume (a fresh searcher, as here) a candidate far worse than one finished before
     trained to its end. Rungs at 1, 2, 4 epochs (grace 1, factor 2); objective: a loss."""
     cfg = parse({**CONFIG, "tune": {**TUNE, "pruner": "asha", "grace_period": 1, "reduction_factor": 2}})
-    block = tune_block(cfg)
-    template = candidate_template(cfg, block, NAME, tmp_path)
-    (tmp_path / NAME).mkdir()
-    storage = optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
-    search_cls, _ = ray_classes()
+    search_cls, block, template, storage = _in_process_search(tmp_path, cfg)
     first = search_cls(block, template, storage)
     first.suggest("a")
     assert first.should_prune("a", {"objective_curve": [[1, 10.0]]}) is False  # alone at rung 0
@@ -525,11 +527,7 @@ def test_a_driver_killed_between_the_pruned_row_and_optuna_is_settled_as_pruned(
     is now written first (with its ``optuna_number``, as in a bundle), so a driver killed
     before Optuna heard is settled from it: PRUNED, nothing re-run."""
     cfg = parse(CONFIG)
-    block = tune_block(cfg)
-    template = candidate_template(cfg, block, NAME, tmp_path)
-    (tmp_path / NAME).mkdir()
-    storage = optuna.storages.RDBStorage(storage_url(tmp_path, NAME))
-    search_cls, _ = ray_classes()
+    search_cls, block, template, storage = _in_process_search(tmp_path, cfg)
     searcher = search_cls(block, template, storage)
     searcher.suggest("p")
 
