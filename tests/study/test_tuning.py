@@ -318,7 +318,7 @@ def test_test_split_as_objective_exits_2_and_writes_nothing(tmp_path: Path) -> N
     assert not out.exists()
 
 
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.slow)])  # ~12 s each
 def test_a_config_the_workers_refuse_fails_each_candidate_once_without_tracebacks(tmp_path: Path, batch: int) -> None:
     """A batch larger than the training split is refused in each trial's setup: every
     candidate is a FAIL in Optuna at once (Tune retried each ``max_failures`` times and
