@@ -38,14 +38,15 @@ SELECTION = "seed_pick"
 GOLDEN = 0.6180339887498949
 CURVE_WIDTH = 300
 """Width in pixels of a learning-curve panel."""
-PAGE_WIDTH = 1000
-"""The widest a chart's plot is drawn, in pixels: with its axis and legend it fits a page read at ~1300-1400."""
+PAGE_WIDTH = 840
+"""The widest a chart's plot is drawn, in pixels: with its axis and legend it fits a laptop's 1280 px window."""
 
 
-def wrapped(text: str, width_px: int) -> list[str]:
-    """``text`` as subtitle lines that fit a chart ``width_px`` wide (Vega does not wrap
-    titles: a task's long metric definition would widen its chart, and the page, instead)."""
-    return textwrap.wrap(text, max(40, width_px // 6))
+def wrapped(text: str, width_px: int, bold: bool = False) -> list[str]:
+    """``text`` as title or subtitle lines that fit a chart ``width_px`` wide (Vega does not
+    wrap titles: a task's long metric definition would widen its chart, and the page,
+    instead). About 6 px a character in a subtitle, 7.5 in a (bold, larger) title."""
+    return textwrap.wrap(text, max(40, int(width_px / (7.5 if bold else 6))))
 
 
 def seed_selection() -> alt.Parameter:

@@ -24,6 +24,9 @@ from analysis import seedcount as sc
 from analysis.charts import ChartData, TopChart, wrapped
 from analysis.context import StudyContext
 
+TITLE_PX = 400
+"""How wide these charts' titles may run (a 300 px plot and its legend), in pixels."""
+
 Panels = list[tuple[str, Any, bool]]
 
 
@@ -84,10 +87,12 @@ def km_chart(
         .mark_rule(strokeDash=[4, 3], color="#999")
         .encode(x="budget:Q")
     )
+    # wrapped to the plot and its legend: Vega does not wrap titles, and a one-line subtitle
+    # (560 px) made this chart and the one beside it wider than a 1280 px window
     title = alt.TitleParams(
-        f"Time to {label} (Kaplan-Meier)",
-        subtitle=[f"share of runs that reached it by each {unit}, 95% log-log band; ticks: "
-                  "censored runs; dashed: the budget; diverged runs left out"],
+        wrapped(f"Time to {label} (Kaplan-Meier)", TITLE_PX, bold=True),
+        subtitle=wrapped(f"share of runs that reached it by each {unit}, 95% log-log band; ticks: "
+                         "censored runs; dashed: the budget; diverged runs left out", TITLE_PX),
     )  # fmt: skip
     # the budget rule under the line and ticks: runs censored at the budget sit on it
     layers = [band, rule, line, *([ticks] if (df["censored"] > 0).any() else [])]  # an empty layer: Vega warns
@@ -143,9 +148,9 @@ def seed_count_chart(store: ChartData, table: pd.DataFrame, metric: str) -> TopC
     same = [f"{p}: {s}" if multi else str(s) for p, s in zip(flat["point"], flat["split"], strict=True)]
     note = wrapped(f"not drawn, every seed the same (sd 0): {', '.join(same)}", 300) if same else []
     title = alt.TitleParams(
-        f"How many seeds: {metric} mean to +-{target:.3g}",
-        subtitle=["t interval from this study's spread per split; dots: the seeds it has; "
-                  "dashed: the target", *note],
+        wrapped(f"How many seeds: {metric} mean to +-{target:.3g}", TITLE_PX, bold=True),
+        subtitle=[*wrapped("t interval from this study's spread per split; dots: the seeds it has; "
+                           "dashed: the target", TITLE_PX), *note],
     )  # fmt: skip
     return alt.layer(lines, dots, rule).properties(width=300, height=220, title=title)
 
@@ -191,10 +196,10 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
         .encode(y=alt.Y("p:Q", title="power"))
     )
     title = alt.TitleParams(
-        f"Power to detect the observed {metric} differences",
-        subtitle=[
-            f"two-sided Welch t at alpha {sc.ALPHA}, this study's spreads; dashed: {sc.POWER:.0%}"
-        ],
+        wrapped(f"Power to detect the observed {metric} differences", TITLE_PX, bold=True),
+        subtitle=wrapped(
+            f"two-sided Welch t at alpha {sc.ALPHA}, this study's spreads; dashed: {sc.POWER:.0%}", TITLE_PX
+        ),
     )
     return alt.layer(line, rule).properties(width=300, height=220, title=title)
 

@@ -231,3 +231,13 @@ def test_the_km_chart_bands_the_runs_censored_at_the_budget() -> None:
     # step-after from 0 to the budget: the band the table gives, then the budget's own row
     assert [(r["time"], r["reached"], r["r_low"]) for r in rows] == [(0, 0, 0), (3000, 0, 0)]
     assert [r["r_high"] for r in rows] == pytest.approx([high, high], abs=1e-9)
+    # titles wrapped to the chart (Vega does not wrap): grokking's event label in one line
+    # and the one-line subtitle (about 100 characters, 560 px) drew the chart and the one beside
+    # it 1,389 px wide, past a 1280 px window
+    from analysis.seed_charts import TITLE_PX
+
+    long = "groks: test accuracy >= 0.95 after train accuracy >= 0.99"
+    title = km_chart(store, curves, long, "step", 3000.0).to_dict()["title"]
+    lines = [*title["text"], *title["subtitle"]]
+    assert len(title["text"]) == 2 and len(title["subtitle"]) >= 2
+    assert max(len(line) for line in lines) <= TITLE_PX / 6

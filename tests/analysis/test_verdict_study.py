@@ -183,6 +183,10 @@ def test_report_shows_the_verdict_and_rliable_charts_in_chromium(
         assert errors == []
         text = page.inner_text("body")
         assert "resolved config per grid point" in text
+        # the page fits a laptop's 1280 px window (the seed-count and power charts' one-line
+        # subtitles, side by side, drew it wider; a Kaplan-Meier chart's beside either, 1,389 px)
+        page.set_viewport_size({"width": 1280, "height": 1000})
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     finally:
         page.close()
 
