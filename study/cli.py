@@ -273,14 +273,15 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     pending. A table ends with why the last run's seeds failed, or why it stopped early."""
     from analysis.formatting import format_rows
     from analysis.manifest import point_label
-    from study.status import last_run_lines, study_status
+    from study.status import committed_runs, last_run_lines, study_status
 
-    rows = study_status(out, name)
+    runs = committed_runs(out, name)  # read once: the table and the failure lines both need it
+    rows = study_status(out, name, runs)
     if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
         rows = [{**r, "point": point_label(r["point"])} for r in rows]
     typer.echo(format_rows(rows, fmt))
     if fmt == "table":
-        for line in last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}):
+        for line in last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}, runs):
             typer.echo(line)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainables.errors import FinelineError, WorkerOutOfMemory
+from trainables.errors import REFUSED, ConfigRefused, FinelineError, WorkerOutOfMemory
 
 OUT_OF_MEMORY = "were killed due to the node running low on memory"
 """What Ray's out-of-memory report (``OutOfMemoryError``) says, in the text of a trial's error."""
@@ -27,6 +27,8 @@ MEMORY_FIX = (
     "(raise execution.cpus_per_trial)"
 )
 """What to do about a worker killed for memory (:class:`WorkerOutOfMemory`)."""
+IN_RAYS_LOG = "the error is in Ray's log above"
+"""A failed trial's text when Tune kept no error for it (neither logged nor in a file)."""
 REFUSED_FIX = (
     "correct the config as the error above says and run it under a new name (`{again}`), or move "
     "{folder} away first; resuming reruns the recorded config, which its workers refuse again"
@@ -81,11 +83,11 @@ def failure_text(error: BaseException) -> str:
     innermost = chain[0] if chain else error
     if innermost is not error and str(innermost):  # the worker's own exception, in one line
         return f"{type(error).__name__}: {type(innermost).__name__}: {str(innermost)[-2000:]}"
+    if OUT_OF_MEMORY in str(error):  # Ray's memory report, as text (Tune's error file)
+        return f"{memory_text(str(error))}. Fix: {MEMORY_FIX}"
     # Ray's ActorDiedError keeps only the text of an error raised while the trial's actor was
     # created (a trial's setup: e.g. a ConfigError about the task's data): its last line
     # (Ray's as_instanceof_cause makes subclasses named "RayTaskError(DataError)": not ours)
-    if OUT_OF_MEMORY in str(error):  # Ray's memory report, as text (Tune's error file)
-        return f"{memory_text(str(error))}. Fix: {MEMORY_FIX}"
     names = "|".join(sorted(c.__name__ for c in _subclasses(FinelineError) if c.__name__.isidentifier()))
     found = re.findall(rf"^(?:[\w.]+\.)?(?:{names}): (.+)$", str(error), flags=re.M)
     if found:
@@ -157,8 +159,10 @@ def trial_error(trial: Any, logged: Mapping[str, BaseException]) -> BaseExceptio
 def failed_trials() -> Any:
     """A Tune callback whose ``errors`` lists the last error of each trial that failed after
     its retries (:func:`trial_error`; a result grid has none for a trial whose first try
-    failed in its setup); pass its ``logged`` to :func:`study.runner.fit`. Defined on first
-    use: this module must not import Ray early."""
+    failed in its setup) and, as a :class:`~trainables.errors.ConfigRefused`, the refusal
+    of each trial whose config its worker refused (its one result's ``REFUSED`` text); pass
+    its ``logged`` to :func:`study.runner.fit`. Defined on first use: this module must not
+    import Ray early."""
     from ray.tune import Callback
 
     class FailedTrials(Callback):
@@ -166,9 +170,13 @@ def failed_trials() -> Any:
             self.logged = TrialErrors()
             self.errors: list[BaseException] = []
 
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            if REFUSED in result:
+                self.errors.append(ConfigRefused(str(result[REFUSED])))
+
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             error = trial_error(trial, self.logged.errors)
-            self.errors.append(error if error is not None else RuntimeError("the error is in Ray's log above"))
+            self.errors.append(error if error is not None else RuntimeError(IN_RAYS_LOG))
 
     return FailedTrials()
 
@@ -184,12 +192,10 @@ def fit_reporting_memory(tuner: Any) -> Any:
     try:
         return tuner.fit()
     except RuntimeError as err:
-        cause: BaseException | None = err
-        while cause is not None and not isinstance(cause, OutOfMemoryError):
-            cause = cause.__cause__
-        if cause is None:
+        killed = next((c for c in unwrapped(err) if isinstance(c, OutOfMemoryError)), None)
+        if killed is None:
             raise
-        raise WorkerOutOfMemory(memory_text(str(cause))) from None
+        raise WorkerOutOfMemory(memory_text(str(killed))) from None
 
 
 def memory_text(report: str) -> str:

@@ -189,10 +189,10 @@ class ProgressCallback(Callback):
         self._show()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        from study.failures import failure_text, trial_error
+        from study.failures import IN_RAYS_LOG, failure_text, trial_error
 
         error = trial_error(trial, self.trial_errors)
-        text = failure_text(error) if error is not None else "the error is in Ray's log above"
+        text = failure_text(error) if error is not None else IN_RAYS_LOG
         self._failed(trial, text, "failed after its retries")
 
     def _failed(self, trial: Any, text: str, how: str) -> None:

@@ -461,21 +461,19 @@ def _run_locked(
     )
     record_last_run(out, name, [u for u in lost if u["seeds"]], stopped)
     if done < planned or interrupted:
-        why = stopped if interrupted else (
-            f"{len(failed_units)} trial(s) failed (errors above)" if failed_units else "incomplete"
-        )
-        fix = resume_command(name, out, address)
+        resume = resume_command(name, out, address)
+        why, fix, kept = stopped, resume, " (committed runs are kept)"
         if oom is not None and not interrupted:
-            why, fix = str(oom), f"{MEMORY_FIX}, then {fix}"
-        elif refused and not interrupted:
-            why, fix = f"{len(failed_units)} trial(s) refused by their workers (errors above)", REFUSED_FIX.format(
-                again=f"study run CONFIG --name NEW --out {out}", folder=out / name
-            )
+            fix = f"{MEMORY_FIX}, then {resume}"
+        elif refused and not interrupted:  # resuming reruns the refused config
+            why = f"{len(failed_units)} trial(s) refused by their workers (errors above)"
+            fix = REFUSED_FIX.format(again=f"study run CONFIG --name NEW --out {out}", folder=out / name)
+            kept = ""
         elif failed_units:
-            fix = f"fix the cause shown above, then {fix}"
-        kept = "" if refused and not interrupted else " (committed runs are kept)"
+            why = why or f"{len(failed_units)} trial(s) failed (errors above)"
+            fix = f"fix the cause shown above, then {resume}"
         raise StudyIncomplete(
-            f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why}). "
+            f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why or 'incomplete'}). "
             f"Fix: {fix}{kept}",
             stops.exit_code if interrupted and stops else 1,
         )

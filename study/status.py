@@ -49,17 +49,37 @@ def last_run(out: Path, name: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def last_run_lines(out: Path, name: str, labels: dict[str, str]) -> list[str]:
+def committed_runs(out: Path, name: str) -> dict[tuple[str, int], str]:
+    """The status of every committed run of study ``name``, by (trial_id, seed), from its runs
+    files. ParquetFile, not read_table: the latter imports pyarrow.dataset and pandas
+    (~0.6 s); a runs file that cannot be read is an uncommitted run (``study check`` repairs it)."""
+    runs: dict[tuple[str, int], str] = {}
+    folder = table_dir(out, "runs", name)
+    for path in folder.glob("*.parquet") if folder.is_dir() else []:
+        t = readable(path, ["trial_id", "seed", "status"])
+        for r in t.to_pylist() if t is not None else []:
+            runs[(r["trial_id"], int(r["seed"]))] = r["status"]
+    return runs
+
+
+def _still_failed(record: dict[str, Any] | None, runs: dict[tuple[str, int], str]) -> list[tuple[dict[str, Any], list[int]]]:
+    """Each failed unit of the last run (``record``: :func:`last_run`) with the seeds it left
+    that are still not committed (``runs``: :func:`committed_runs`; a resume may have
+    committed some)."""
+    failed = (record or {}).get("failed") or []
+    return [(u, [s for s in u.get("seeds", []) if (str(u.get("trial_id")), s) not in runs]) for u in failed]
+
+
+def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tuple[str, int], str]) -> list[str]:
     """The last run's failures and stop, as lines under the status table: one line per cause
     (seeds still uncommitted, the grid points by ``labels``: trial_id -> label) and one for
-    an early stop. Failed seeds committed since (by ``study resume``) are no longer named."""
+    an early stop. Failed seeds committed since (``runs``: :func:`committed_runs`) are no
+    longer named."""
     record = last_run(out, name)
     if record is None:
         return []
-    done = _committed(out, name)
     causes: dict[str, tuple[int, list[str]]] = {}  # error -> (seeds still uncommitted, points)
-    for unit in record.get("failed") or []:
-        seeds = [s for s in unit.get("seeds", []) if (unit.get("trial_id"), s) not in done]
+    for unit, seeds in _still_failed(record, runs):
         if not seeds:
             continue
         error, label = str(unit.get("error", "")), labels.get(str(unit.get("trial_id")), "")
@@ -75,40 +95,21 @@ def last_run_lines(out: Path, name: str, labels: dict[str, str]) -> list[str]:
     return lines
 
 
-def _committed(out: Path, name: str) -> set[tuple[str, int]]:
-    """(trial_id, seed) of every committed run (the runs files; see :func:`study_status`)."""
-    done: set[tuple[str, int]] = set()
-    folder = table_dir(out, "runs", name)
-    for path in folder.glob("*.parquet") if folder.is_dir() else []:
-        t = readable(path, ["trial_id", "seed"])
-        done |= {(r["trial_id"], int(r["seed"])) for r in (t.to_pylist() if t is not None else [])}
-    return done
-
-
-def study_status(out: Path, name: str) -> list[dict[str, Any]]:
+def study_status(out: Path, name: str, runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
     """One dict per grid point: point, trial_id, planned, done, ok, diverged, not_learned
     (committed runs whose selection metric never reached the arming level), failed (seeds
-    the last run's failed trials left uncommitted: :func:`last_run`) and pending (the rest)."""
+    the last run's failed trials left uncommitted: :func:`last_run`) and pending (the rest).
+    ``runs``: :func:`committed_runs`."""
     m = manifest.read(out, name)
     if m is None:
         raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
     status: dict[str, dict[str, int]] = {}
-    committed_seeds: dict[str, set[int]] = {}
-    folder = table_dir(out, "runs", name)
-    if folder.is_dir():
-        for path in folder.glob("*.parquet"):
-            # ParquetFile, not read_table: the latter imports pyarrow.dataset and pandas (~0.6 s);
-            # a runs file that cannot be read is an uncommitted run (`study check` repairs it)
-            t = readable(path, ["trial_id", "seed", "status"])
-            for r in t.to_pylist() if t is not None else []:
-                d = status.setdefault(r["trial_id"], {})
-                d[r["status"]] = d.get(r["status"], 0) + 1
-                committed_seeds.setdefault(r["trial_id"], set()).add(int(r["seed"]))
+    for (trial_id, _), run_status in runs.items():
+        d = status.setdefault(trial_id, {})
+        d[run_status] = d.get(run_status, 0) + 1
     failed: dict[str, int] = {}
-    for unit in (last_run(out, name) or {}).get("failed") or []:
-        tid = str(unit.get("trial_id"))
-        left = [s for s in unit.get("seeds", []) if s not in committed_seeds.get(tid, set())]
-        failed[tid] = failed.get(tid, 0) + len(left)
+    for unit, seeds in _still_failed(last_run(out, name), runs):
+        failed[str(unit.get("trial_id"))] = failed.get(str(unit.get("trial_id")), 0) + len(seeds)
     rows = []
     for p in m.get("points", []):
         d = status.get(p["trial_id"], {})

@@ -34,6 +34,7 @@ import shutil
 import signal
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ from study.tuning_search import (
     ray_classes,
     told_value,
 )
-from trainables.errors import REFUSED, ConfigRefused, StudyStateError, WorkerOutOfMemory
+from trainables.errors import ConfigRefused, StudyStateError, WorkerOutOfMemory
 from trainables.results import committed, read_rows
 from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
@@ -321,9 +322,7 @@ def _tune_locked(
             stops.received = signal.SIGINT
     except WorkerOutOfMemory as killed:
         oom = killed
-    texts: dict[str, int] = {}
-    for err in errors:  # one line per cause (a refused config refuses every candidate alike)
-        texts[failure_text(err)] = texts.get(failure_text(err), 0) + 1
+    texts = Counter(failure_text(err) for err in errors)  # one line per cause (a refused config refuses all alike)
     one, many = ("candidate", "candidates") if batch == 1 else ("bundle of candidates", "bundles of candidates")
     for text, n in texts.items():
         what = f"{one} failed" if n == 1 else f"{n} {many} failed"
@@ -377,8 +376,8 @@ def _failed_numbers(study: Any) -> set[int]:
 def tune_parts(cfg: StudyConfig, storage_path: Path, callbacks: list[Any] | None = None) -> tuple[Any, Any, Any]:
     """What every tuning launch shares: the trainable with the study's per-trial resources,
     the Tune ``RunConfig`` (checkpoint each result, keep one, the study's retries) and the
-    callback that collects failed trials' errors (:func:`~study.failures.failed_trials`, for
-    :func:`unit_failures`)."""
+    callback that collects failed and refused trials' errors (:func:`~study.failures.failed_trials`;
+    run the tuner with ``fit(tuner, errors=failed.logged)``)."""
     from ray import tune
 
     from trainables.trainable import FinelineTrainable
@@ -434,16 +433,8 @@ def _launch(
         ),
         run_config=run_config,
     )
-    return unit_failures(fit(tuner, errors=failed.logged), failed)
-
-
-def unit_failures(results: Any, failed: Any) -> list[BaseException]:
-    """The errors of a tuning launch's trials: those that failed after their retries (the
-    ``failed`` callback of :func:`tune_parts` saw each), and those whose config the worker
-    refused (their result's :data:`~trainables.errors.REFUSED` text in Tune's ``ResultGrid``,
-    as a ConfigRefused)."""
-    refused = [ConfigRefused(str(r.metrics[REFUSED])) for r in results if r.metrics and REFUSED in r.metrics]
-    return [*failed.errors, *refused]
+    fit(tuner, errors=failed.logged)
+    return list(failed.errors)
 
 
 def best_config(

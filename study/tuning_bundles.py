@@ -40,7 +40,7 @@ from typing import Any
 
 from study.config import StudyConfig
 from study.runner import fit
-from study.tuning import tune_parts, unit_failures
+from study.tuning import tune_parts
 from study.tuning_config import TuneBlock
 from study.tuning_search import (
     distributions,
@@ -260,4 +260,5 @@ def launch_bundles(
         ),
         run_config=run_config,
     )
-    return unit_failures(fit(tuner, errors=failed.logged), failed)
+    fit(tuner, errors=failed.logged)
+    return list(failed.errors)

@@ -126,7 +126,7 @@ def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_w
     """``study.status.record_last_run`` / ``last_run_lines``: one line per cause with the
     seeds still uncommitted; a seed committed since (a resume) is no longer counted; a run
     that ends with no failure and no early stop removes the record."""
-    from study.status import LAST_RUN, last_run_lines, record_last_run
+    from study.status import LAST_RUN, committed_runs, last_run_lines, record_last_run
     from trainables.results import write_rows
 
     (tmp_path / "s").mkdir()
@@ -137,10 +137,10 @@ def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_w
         {"trial_id": "c", "point": "{}", "seeds": [0], "error": "other. Fix: x"},
     ], "interrupted by SIGINT")
     labels = {"a": "lr=0.1", "b": "lr=0.2", "c": ""}
-    lines = last_run_lines(tmp_path, "s", labels)
+    lines = last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))
     assert [ln.split(": ", 1)[1] for ln in lines] == [
         f"3 seed(s) failed (lr=0.1; lr=0.2): {boom}", "1 seed(s) failed: other. Fix: x", "interrupted by SIGINT"]
     write_rows(tmp_path, "s", "runs", "a-1", [{"study": "s", "trial_id": "a", "seed": 1, "status": "ok"}])
-    assert last_run_lines(tmp_path, "s", labels)[0].endswith(f"2 seed(s) failed (lr=0.1; lr=0.2): {boom}")
+    assert last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))[0].endswith(f"2 seed(s) failed (lr=0.1; lr=0.2): {boom}")
     record_last_run(tmp_path, "s", [], None)
-    assert not (tmp_path / "s" / LAST_RUN).exists() and last_run_lines(tmp_path, "s", labels) == []
+    assert not (tmp_path / "s" / LAST_RUN).exists() and last_run_lines(tmp_path, "s", labels, {}) == []
