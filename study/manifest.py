@@ -172,6 +172,10 @@ def forgotten_if_refused(out: Path, name: str, also: tuple[str, ...] = ()) -> It
         raise
 
 
+KIND_WORDS = {"seeds": "seed", "tune": "tuning"}
+"""A manifest's ``kind`` as messages say it (``a seed study``, ``a tuning study``)."""
+
+
 def check_kind(old: dict[str, Any] | None, out: Path, name: str, kind: str) -> None:
     """Refuse a ``kind`` study (seeds, tune) under the name of a study of another kind: the
     same config hashes alike in both (the tune block is not part of it), so its manifest
@@ -179,12 +183,11 @@ def check_kind(old: dict[str, Any] | None, out: Path, name: str, kind: str) -> N
     was = None if old is None else old.get("kind", "seeds")
     if was is None or was == kind:
         return
-    label = {"seeds": "seed", "tune": "tuning"}
-    fix = (f"give this {label.get(kind, kind)} study another name (e.g. --name {name}_{kind})"
+    fix = (f"give this {KIND_WORDS.get(kind, kind)} study another name (e.g. --name {name}_{kind})"
            + (f", or run the seed study of its best candidate: `study run --from-best {name} "
               f"--name {name}_seeds --out {out}`" if was == "tune" else ""))
     raise StudyStateError(
-        f"study {name!r} in {out} is a {label.get(was, was)} study; a {label.get(kind, kind)} study "
+        f"study {name!r} in {out} is a {KIND_WORDS.get(was, was)} study; a {KIND_WORDS.get(kind, kind)} study "
         f"under its name would replace its manifest. Fix: {fix}"
     )
 

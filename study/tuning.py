@@ -356,9 +356,6 @@ def _tune_locked(
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
 
 
-_KIND_WORDS = {"seeds": "seed", "tune": "tuning"}
-
-
 def _clean_up(out: Path, name: str, storage_path: Path) -> None:
     """Remove what only a running search needs: Ray Tune's storage and the bundles' pruning
     decisions (``OUT/NAME/pruned``)."""
@@ -456,7 +453,7 @@ def best_config(
         )
     if m.get("kind") != "tune":  # it said "no tuning study" of a study that is there
         raise StudyStateError(
-            f"--from-best: study {tune_name!r} in {out} is a {_KIND_WORDS.get(str(m.get('kind')), 'seed')} study, not a "
+            f"--from-best: study {tune_name!r} in {out} is a {manifest_mod.KIND_WORDS.get(str(m.get('kind')), 'seed')} study, not a "
             f"tuning study. Fix: name the tuning study it came from (`study ls --out {out}` lists kinds)"
         )
     tune = m.get("tune") or {}
