@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +39,36 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path: Path) -> None:
     done = run_gpu(tmp_path, "contrakt")
     assert done.returncode == 2
     assert "unknown stage 'contrakt'" in done.stderr and "contract-graphs" in done.stderr
+
+
+def test_a_study_comes_back_as_one_tarball_that_analyzes_here(tmp_path: Path) -> None:
+    """The `study` stage on this CPU (a tiny study; the installed packages stand in for the
+    kit): its tables come back in `$OUT/results.tgz` (the tool that runs it sends back no
+    folder nested as deep as the tables), without Ray's trial folders, and analyze here."""
+    import yaml
+    from tests_support import TINY_STUDY
+
+    if not (ROOT / "fineline.egg-info" / "entry_points.txt").is_file():
+        raise AssertionError("run 'pip install -e .' first: .ci/gpu needs fineline.egg-info")
+    site = tmp_path / "site-unpacked"
+    site.mkdir()
+    (site / ".unpacked").touch()  # no kit: the packages installed here
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY_STUDY, "name": "gpu_tiny"}))
+    out, work = tmp_path / "out", Path("/tmp/fineline-results")
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "KIT_SITE": str(site), "STAGE_S": "240",
+           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HOME": str(tmp_path)}
+    shutil.rmtree(work / "gpu_tiny", ignore_errors=True)
+    done = subprocess.run(["bash", str(ROOT / ".ci" / "gpu"), "study", str(config), "--num-cpus", "1"],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    names = subprocess.run(["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True, check=True).stdout
+    assert "tables/runs/study=gpu_tiny/" in names and "gpu_tiny/study.json" in names
+    assert "/ray/" not in names
+    back = tmp_path / "back"
+    back.mkdir()
+    subprocess.run(["tar", "-xzf", str(out / "results.tgz"), "-C", str(back)], check=True)
+    shown = subprocess.run([sys.executable, "-m", "study.cli", "ls", "--out", str(back)], capture_output=True,
+                           text=True, timeout=120, check=True, cwd=tmp_path)
+    assert "gpu_tiny" in shown.stdout and " 3 " in shown.stdout, shown.stdout
+    shutil.rmtree(work / "gpu_tiny", ignore_errors=True)

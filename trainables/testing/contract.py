@@ -18,8 +18,10 @@ The checks:
 * the same seeds give bit-identical results (CPU), another seed a different run;
 * ``evaluate_batch`` equals ``example_metrics`` and ``predict`` apart;
 * bundle equivalence, dropout included: member k of a K=3 bundle equals the lone run with
-  the same seeds (parameters after 200 optimizer steps to 1e-5 relative; a tiny end-to-end
-  run: the same selected epoch and metrics to 1e-4);
+  the same seeds (parameters after 200 optimizer steps to 1e-5 relative on a CPU; on CUDA,
+  where a bundle rounds differently from a lone run, after 20 steps to 1% of how far the
+  run moved: see :data:`AGREEMENT`; a tiny end-to-end run: the same selected epoch and
+  metrics to 1e-4);
 * a seed's result does not depend on its bundle's size or company;
 * a stopped member leaves the computation (compaction) and the others go on as lone
   runs; a checkpoint taken after compaction resumes bit-identically;
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +120,59 @@ def evals(run: BundleRun, k: int) -> dict[tuple[str, str], float]:
     return {(r["split"], r["metric"]): r["value"] for r in rows["evals"]}
 
 
-def assert_params_equal(a: BundleRun, ka: int, b: BundleRun, kb: int, what: str) -> None:
-    """Row ``ka`` of ``a``'s parameters equals row ``kb`` of ``b``'s to 1e-5 relative."""
-    theirs = dict(b.model.named_parameters())
-    for name, p in a.model.named_parameters():
-        mine, ref = p.detach()[ka], theirs[name].detach()[kb]
-        scale = ref.abs().max().clamp(min=1e-3)
-        assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-5 * float(scale)), (what, name)
+@dataclass(frozen=True)
+class Agreement:
+    """How closely a bundle member must follow its lone run on one kind of device.
+
+    On a CPU fineline's bundles compute each member's arithmetic in the lone run's order, so
+    a member equals its lone run to rounding after hundreds of steps. On CUDA, cuBLAS and
+    cuDNN pick their kernels (and so their summation orders) by the batch count: a bundle of
+    three and a lone run round differently at every step, and the tiny configs amplify such
+    differences: one float32 ulp of noise per step grows, over 200 steps, to 18-68% of a
+    tensor's largest value on mnist_pairs-convnet, scan-transformer and modular-transformer
+    (measured on a CPU by adding the noise, 2026-11-27); on an H200, 26 of the 378 CUDA
+    checks failed the CPU's rule, on those pairs. So on CUDA the checks take fewer steps
+    and compare the difference with how far the run moved from its initial values: with
+    eight ulps of noise per step the worst pair stayed within 0.4% of the movement after 20
+    steps, and 0.13% after 6, while a member one step short, with another learning rate or
+    with another seed is off by 5% or more (``tests/test_contract_agreement.py``).
+    """
+
+    steps: int
+    """Optimizer steps of the long check (a member against its lone run)."""
+    seed_steps: int
+    """Optimizer steps of the check that a seed does not depend on its bundle."""
+    of_movement: float | None
+    """None: every value to 1e-5 of its tensor's largest value. A share: besides that, a
+    difference up to this share of the largest move of the tensor from its initial values."""
+
+
+AGREEMENT: dict[str, Agreement] = {
+    "cpu": Agreement(steps=200, seed_steps=60, of_movement=None),
+    "cuda": Agreement(steps=20, seed_steps=20, of_movement=0.01),
+}
+"""The agreement each device's contract suite holds bundles to (see :class:`Agreement`)."""
+
+
+def assert_states_close(
+    mine: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], what: object,
+    start: Mapping[str, torch.Tensor] | None = None, of_movement: float | None = None,
+) -> None:
+    """Two member states equal to 1e-5 of each tensor's largest value (the bundle tolerance);
+    with ``start`` (``ref``'s initial values) and ``of_movement``, also to that share of how
+    far ``ref`` moved from ``start`` (see :class:`Agreement`)."""
+    assert mine.keys() == ref.keys(), what
+    for name, value in mine.items():
+        scale = ref[name].abs().max().clamp(min=1e-3)
+        allowed = 1e-5 * float(scale)
+        if start is not None and of_movement is not None:
+            allowed = max(allowed, of_movement * float((ref[name] - start[name]).abs().max()))
+        close = torch.isclose(value, ref[name], rtol=1e-5, atol=allowed)
+        assert bool(close.all()), (
+            what, name, f"{int((~close).sum())} of {close.numel()} values differ, by up to "
+            f"{float((value - ref[name]).abs().max()):.3g} (largest value {float(scale):.3g}, "
+            f"allowed {allowed:.3g})",
+        )
 
 
 def member_params(run: BundleRun, k: int) -> dict[str, torch.Tensor]:
@@ -133,18 +182,6 @@ def member_params(run: BundleRun, k: int) -> dict[str, torch.Tensor]:
     saved = run.members[k].best_params
     assert saved is not None, f"member {k} left the bundle unselected"
     return saved
-
-
-def assert_states_close(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], what: object) -> None:
-    """Two member states equal to 1e-5 relative (the bundle tolerance)."""
-    assert mine.keys() == ref.keys(), what
-    for name, value in mine.items():
-        scale = ref[name].abs().max().clamp(min=1e-3)
-        close = torch.isclose(value, ref[name], rtol=1e-5, atol=1e-5 * float(scale))
-        assert bool(close.all()), (
-            what, name, f"{int((~close).sum())} of {close.numel()} values differ, by up to "
-            f"{float((value - ref[name]).abs().max()):.3g} (largest value {float(scale):.3g})",
-        )
 
 
 def hparam_members(spec: RunSpec, optimizer: str, adam_eps: float | None = None) -> tuple[RunSpec, list[RunSpec]]:
@@ -224,6 +261,7 @@ def contract_suite(
         for (t, m), i in zip(kept, ids, strict=True)
     ]
     root = Path(data_root) if data_root is not None else None
+    agree = AGREEMENT[torch.device(device).type]
     param = pytest.mark.parametrize(("task_cls", "model_cls"), cases)
 
     class ContractSuite:
@@ -300,15 +338,22 @@ def contract_suite(
                 assert len(mine) == len(rows) == len(theirs)
                 assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(mine, theirs, strict=True))
 
+        def close_to_lone(self, mine: dict[str, torch.Tensor], lone: BundleRun, spec: RunSpec, k: int, what: str) -> None:
+            """``mine`` equals ``lone``, the lone run of seed ``k`` trained with ``spec``, as
+            the device's :data:`AGREEMENT` asks (on CUDA: against its move from its start)."""
+            start = member_params(new_run(spec, [k], device, cuda_graphs=cuda_graphs), 0) if agree.of_movement else None
+            assert_states_close(mine, member_params(lone, 0), what, start, agree.of_movement)
+
         @param
-        def test_bundle_member_equals_lone_run_after_200_steps(
-            self, task_cls: type[Task], model_cls: type[Model]
-        ) -> None:
-            spec = self.spec(task_cls, model_cls, max_steps=200, eval_every_steps=200,
+        def test_bundle_member_equals_lone_run(self, task_cls: type[Task], model_cls: type[Model]) -> None:
+            """Each member of a bundle of three equals its lone run after ``AGREEMENT``'s
+            steps (200 on a CPU, 20 on CUDA)."""
+            spec = self.spec(task_cls, model_cls, max_steps=agree.steps, eval_every_steps=agree.steps,
                              selection={"mode": "last", "early_stop": False})
             bundle = train(spec, [0, 1, 2], device, cuda_graphs=cuda_graphs)
             for k in range(3):
-                assert_params_equal(bundle, k, train(spec, [k], device, cuda_graphs=cuda_graphs), 0, f"member {k}")
+                lone = train(spec, [k], device, cuda_graphs=cuda_graphs)
+                self.close_to_lone(member_params(bundle, k), lone, spec, k, f"member {k}")
 
         @param
         def test_bundle_end_to_end_matches_lone_runs(self, task_cls: type[Task], model_cls: type[Model]) -> None:
@@ -322,14 +367,14 @@ def contract_suite(
         @param
         def test_a_seed_does_not_depend_on_its_bundle(self, task_cls: type[Task], model_cls: type[Model]) -> None:
             """Seed 2 alone, as the last of three, and first beside seed 5: the same run."""
-            spec = self.spec(task_cls, model_cls, max_steps=60, eval_every_steps=30,
+            steps = agree.seed_steps
+            spec = self.spec(task_cls, model_cls, max_steps=steps, eval_every_steps=steps // 2,
                              selection={"mode": "last", "early_stop": False})
-            runs = [(train(spec, [2], device, cuda_graphs=cuda_graphs), 0), (train(spec, [0, 1, 2], device, cuda_graphs=cuda_graphs), 2),
-                    (train(spec, [2, 5], device, cuda_graphs=cuda_graphs), 0)]
-            ref, kr = runs[0]
-            for run, k in runs[1:]:
-                assert_params_equal(run, k, ref, kr, f"seed 2 in a bundle of {run.k}")
-                assert_evals_close(evals(run, k), evals(ref, kr), f"seed 2 in a bundle of {run.k}")
+            ref = train(spec, [2], device, cuda_graphs=cuda_graphs)
+            for run, k in ((train(spec, [0, 1, 2], device, cuda_graphs=cuda_graphs), 2),
+                           (train(spec, [2, 5], device, cuda_graphs=cuda_graphs), 0)):
+                self.close_to_lone(member_params(run, k), ref, spec, 2, f"seed 2 in a bundle of {run.k}")
+                assert_evals_close(evals(run, k), evals(ref, 0), f"seed 2 in a bundle of {run.k}")
 
         @param
         def test_a_stopped_member_leaves_the_computation_and_the_others_go_on_as_lone_runs(
@@ -396,8 +441,9 @@ def contract_suite(
                 not torch.allclose(v, plain[n], rtol=1e-4, atol=1e-4) for n, v in mine[2].items()
             ), "member 2's own hyperparameters changed nothing: the checks below would prove nothing"
             for k in range(3):
-                lone = train(with_train(members[k], max_steps=3 if k == 1 else 6), [k], device, cuda_graphs=cuda_graphs)
-                assert_states_close(mine[k], member_params(lone, 0), f"member {k} vs its lone run")
+                own = with_train(members[k], max_steps=3 if k == 1 else 6)
+                lone = train(own, [k], device, cuda_graphs=cuda_graphs)
+                self.close_to_lone(mine[k], lone, own, k, f"member {k} vs its lone run")
                 assert_evals_close(evals(bundle, k), evals(lone, 0), f"member {k} vs its lone run")
 
     ContractSuite.__name__ = ContractSuite.__qualname__ = "ContractSuite"

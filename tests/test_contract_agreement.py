@@ -1,0 +1,71 @@
+"""The CUDA contract's agreement rule, checked on a CPU: it passes rounding noise and fails bugs.
+
+A bundle rounds differently from a lone run on CUDA, so the CUDA contract suite compares a
+member with its lone run after 20 steps, to 1% of how far the run moved from its start
+(``AGREEMENT["cuda"]``). This simulates the rounding here: a lone run whose parameters get
+eight float32 ulps of noise after every step (more than a reordered sum leaves) must pass,
+and what a broken bundle would give, the same seed one step short, with 1.5x the learning
+rate, or another seed, must fail. Measured here: the noise stays within 0.4% of the
+movement for every pair below, a step short is off by 5-7%.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests_support import SHARED_DATA
+
+from trainables.registry import MODELS, TASKS
+from trainables.spec import RunSpec
+from trainables.testing.contract import (
+    AGREEMENT,
+    assert_states_close,
+    member_params,
+    new_run,
+    tiny_spec,
+    with_train,
+)
+
+CUDA = AGREEMENT["cuda"]
+ULPS = 8
+
+
+def lone(spec: RunSpec, seed: int, ulps: int = 0) -> dict[str, torch.Tensor]:
+    """Seed ``seed``'s lone run of ``spec``, with ``ulps`` float32 ulps of random-sign noise
+    on every parameter after each step (``spec`` evaluates every step)."""
+    run = new_run(spec, [seed])
+    gen = torch.Generator().manual_seed(1)
+    while not run.done:
+        run.train_round()
+        if ulps:
+            with torch.no_grad():
+                for p in run.model.parameters():
+                    sign = torch.randint(0, 2, p.shape, generator=gen).to(p.dtype) * 2 - 1
+                    p.mul_(1 + sign * ulps * 2.0**-23)
+    return member_params(run, 0)
+
+
+@pytest.mark.parametrize(
+    ("task", "model"),
+    # the pair with the most noise after 20 steps, a chaotic one, an image one, the plainest
+    [("length_gen", "transformer"), ("modular", "transformer"), ("mnist_pairs", "convnet"), ("toy2d", "mlp")],
+    ids=lambda name: name,
+)
+def test_rounding_noise_passes_and_a_broken_member_fails(task: str, model: str, torch_threads: None) -> None:
+    spec = tiny_spec(TASKS.get(task), MODELS.get(model), SHARED_DATA, max_steps=CUDA.steps, eval_every_steps=1,
+                     selection={"mode": "last", "early_stop": False})
+    start = member_params(new_run(spec, [0]), 0)
+    ref = lone(spec, 0)
+
+    def check(mine: dict[str, torch.Tensor], what: str) -> None:
+        assert_states_close(mine, ref, what, start, CUDA.of_movement)
+
+    check(lone(spec, 0, ulps=ULPS), "rounding noise")
+    broken = {
+        "one step short": lone(with_train(spec, max_steps=CUDA.steps - 1), 0),
+        "1.5x the learning rate": lone(with_train(spec, lr=spec.train.lr * 1.5), 0),
+        "another seed": lone(spec, 1),
+    }
+    for what, params in broken.items():
+        with pytest.raises(AssertionError, match="values differ"):
+            check(params, what)
