@@ -24,6 +24,12 @@ batch (the same kernels, in the same order).
 
 Parameters must keep their storage while graphs exist: :meth:`CapturedLoss.clear` after
 anything that replaces them (compaction).
+
+:class:`CapturedEval` does the same for the device part of an evaluation batch
+(:meth:`~trainables.models.base.Model.eval_tensors`; seq2seq: the teacher-forced losses and
+greedy decoding), one graph per batch shape and :meth:`~trainables.models.base.Model.graph_key`
+(the decoding length), all drawing on one memory pool: an evaluation copies each replay's
+outputs before the next replay, so one graph's scratch memory may be another's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -67,23 +73,23 @@ def shape_key(batch: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((name, tuple(getattr(batch, name).shape)) for name in tensor_fields(batch))
 
 
-class CapturedLoss:
-    """Loss and gradients of ``model`` under ``noise`` (positional), one CUDA graph per
-    batch shape (see the module doc). Call with a :meth:`Model.graph_batch` batch and the
-    (K,) bool active mask; returns the (K,) losses and leaves the gradients in ``p.grad``."""
+G = TypeVar("G")
 
-    def __init__(self, model: Model, noise: MemberNoise, reduction: str, warm_sightings: int = 1) -> None:
-        if not noise.positional:
-            raise ValueError("captured steps need positional noise (CounterNoise)")
-        self.model = model
-        self.noise = noise
-        self.reduction = reduction
+
+class _PerShape(Generic[G]):
+    """One captured graph per key of a batch, captured at the key's ``warm_sightings + 1``-th
+    sighting; the first failure to capture turns capturing off (with a warning): every later
+    call runs eagerly."""
+
+    what = "a step"
+
+    def __init__(self, warm_sightings: int) -> None:
         self.warm_sightings = warm_sightings
-        """Sightings of a shape that run eagerly before its graph is captured."""
-        self.graphs: dict[tuple[Any, ...], _Graph] = {}
-        self.sightings: dict[tuple[Any, ...], int] = {}
+        """Sightings of a key that run eagerly before its graph is captured."""
+        self.graphs: dict[Any, G] = {}
+        self.sightings: dict[Any, int] = {}
         self.failed: str | None = None
-        """Why capturing failed (then every step runs eagerly), or None."""
+        """Why capturing failed (then every call runs eagerly), or None."""
         self.replays = 0
         self.eager = 0
 
@@ -91,6 +97,61 @@ class CapturedLoss:
         """Drop every graph (the parameters were replaced)."""
         self.graphs.clear()
         self.sightings.clear()
+
+    def _key(self, batch: Any) -> Any:
+        return shape_key(batch)
+
+    def _capture(self, batch: Any, *args: Any) -> G:
+        raise NotImplementedError
+
+    def _graph(self, batch: Any, *args: Any) -> G | None:
+        """The graph for ``batch``'s key, captured now if this sighting is the one; None:
+        run this call eagerly."""
+        if self.failed is not None:
+            return None
+        key = self._key(batch)
+        entry = self.graphs.get(key)
+        if entry is None:
+            seen = self.sightings.get(key, 0) + 1
+            self.sightings[key] = seen
+            if seen <= self.warm_sightings:
+                return None
+            try:
+                entry = self._capture(batch, *args)
+            except RuntimeError as e:  # an op that cannot be captured: say so, run eagerly
+                self.failed = f"{type(e).__name__}: {e}"
+                warnings.warn(f"fineline: capturing {self.what} as a CUDA graph failed, it runs "
+                              f"eagerly: {self.failed}", RuntimeWarning, stacklevel=3)
+                torch.cuda.synchronize()
+                return None
+            self.graphs[key] = entry
+        return entry
+
+
+def _static(batch: Any) -> Any:
+    """``batch`` with copies of its tensors: the inputs a graph reads, refilled per replay."""
+    return dataclasses.replace(batch, **{n: getattr(batch, n).clone() for n in tensor_fields(batch)})
+
+
+def _refill(static: Any, batch: Any) -> None:
+    for name in tensor_fields(batch):
+        getattr(static, name).copy_(getattr(batch, name))
+
+
+class CapturedLoss(_PerShape[_Graph]):
+    """Loss and gradients of ``model`` under ``noise`` (positional), one CUDA graph per
+    batch shape (see the module doc). Call with a :meth:`Model.graph_batch` batch and the
+    (K,) bool active mask; returns the (K,) losses and leaves the gradients in ``p.grad``."""
+
+    what = "the training step"
+
+    def __init__(self, model: Model, noise: MemberNoise, reduction: str, warm_sightings: int = 1) -> None:
+        if not noise.positional:
+            raise ValueError("captured steps need positional noise (CounterNoise)")
+        super().__init__(warm_sightings)
+        self.model = model
+        self.noise = noise
+        self.reduction = reduction
 
     def _params(self) -> list[torch.Tensor]:
         return list(self.model.parameters())
@@ -105,26 +166,10 @@ class CapturedLoss:
         return self._loss_backward(batch, active)
 
     def __call__(self, batch: Any, active: torch.Tensor) -> torch.Tensor:
-        if self.failed is not None:
-            return self._eager(batch, active)
-        key = shape_key(batch)
-        entry = self.graphs.get(key)
+        entry = self._graph(batch, active)
         if entry is None:
-            seen = self.sightings.get(key, 0) + 1
-            self.sightings[key] = seen
-            if seen <= self.warm_sightings:
-                return self._eager(batch, active)
-            try:
-                entry = self._capture(batch, active)
-            except RuntimeError as e:  # an op that cannot be captured: say so, run eagerly
-                self.failed = f"{type(e).__name__}: {e}"
-                warnings.warn(f"fineline: capturing the training step as a CUDA graph failed, "
-                              f"it runs eagerly: {self.failed}", RuntimeWarning, stacklevel=2)
-                torch.cuda.synchronize()
-                return self._eager(batch, active)
-            self.graphs[key] = entry
-        for name in tensor_fields(batch):
-            getattr(entry.inputs, name).copy_(getattr(batch, name))
+            return self._eager(batch, active)
+        _refill(entry.inputs, batch)
         entry.active.copy_(active)
         entry.graph.replay()
         self.replays += 1
@@ -134,7 +179,7 @@ class CapturedLoss:
 
     def _capture(self, batch: Any, active: torch.Tensor) -> _Graph:
         params = self._params()
-        static = dataclasses.replace(batch, **{n: getattr(batch, n).clone() for n in tensor_fields(batch)})
+        static = _static(batch)
         static_active = active.clone()
         saved = self.noise.state()
         stream = torch.cuda.Stream()
@@ -151,3 +196,51 @@ class CapturedLoss:
         with torch.cuda.graph(graph, stream=stream):
             losses = self._loss_backward(static, static_active)
         return _Graph(graph, static, static_active, losses, [p.grad for p in params])
+
+
+@dataclass
+class _EvalGraph:
+    graph: Any  # torch.cuda.CUDAGraph
+    inputs: Any
+    outputs: tuple[torch.Tensor, ...]
+
+
+class CapturedEval(_PerShape[_EvalGraph]):
+    """:meth:`Model.eval_tensors` of ``model`` as CUDA graphs, one per batch shape and
+    :meth:`Model.graph_key` (see the module doc). Call with a :meth:`Model.graph_batch`
+    batch, under ``torch.no_grad``; returns copies of the outputs."""
+
+    what = "an evaluation batch"
+
+    def __init__(self, model: Model, warm_sightings: int = 1) -> None:
+        super().__init__(warm_sightings)
+        self.model = model
+        self.pool: Any = None
+        """The memory pool every evaluation graph draws on (made at the first capture)."""
+
+    def _key(self, batch: Any) -> Any:
+        return shape_key(batch), self.model.graph_key(batch)
+
+    def __call__(self, batch: Any) -> tuple[torch.Tensor, ...]:
+        entry = self._graph(batch)
+        if entry is None:
+            self.eager += 1
+            return self.model.eval_tensors(batch)
+        _refill(entry.inputs, batch)
+        entry.graph.replay()
+        self.replays += 1
+        return tuple(t.clone() for t in entry.outputs)
+
+    def _capture(self, batch: Any) -> _EvalGraph:
+        static = _static(batch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on the capture stream (lazy library state)
+            self.model.eval_tensors(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            outputs = self.model.eval_tensors(static)
+        return _EvalGraph(graph, static, outputs)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
-from trainables.graphs import CapturedLoss, loss_backward
+from trainables.graphs import CapturedEval, CapturedLoss, loss_backward
 from trainables.models.base import MemberNoise, Model
 from trainables.models.counter_noise import CounterNoise
 from trainables.optim import (
@@ -179,6 +179,10 @@ class BundleRun:
         if cuda_graphs and self.device.type == "cuda" and self.fused is None:
             assert spec.train.loss_reduction is not None
             self.captured = CapturedLoss(self.model, self.noise, spec.train.loss_reduction)
+        self.cuda_graphs = cuda_graphs
+        self.captured_eval: CapturedEval | None = self._captured_eval()
+        """Evaluation batches as CUDA graphs (``execution.cuda_graphs`` on a GPU, for a model
+        that :attr:`~trainables.models.base.Model.captures_evaluation`)."""
         self.train_split = data.train
         self.n_train = len(self.train_split)
         check_data_order(self.train_cfg, task)
@@ -200,6 +204,12 @@ class BundleRun:
     # ----------------------------------------------------------------- setup
     def _check_splits(self) -> None:
         self.spec.check_splits({name: split.role for name, split in self.data.splits.items()})
+
+    def _captured_eval(self) -> CapturedEval | None:
+        """Graphs for this model's evaluation batches, where they can be captured."""
+        if self.cuda_graphs and self.device.type == "cuda" and type(self.model).captures_evaluation:
+            return CapturedEval(self.model)
+        return None
 
     def _optimizer(self) -> BundledOptimizer:
         return make_optimizer(self.model.parameters(), self.train_cfg, self.hparams)
@@ -382,8 +392,13 @@ class BundleRun:
         # by ~8 GB over symbol rewriting's 100k training examples at K=8)
         for start in reversed(range(0, n, bs)):
             rows = order[start : start + bs]
-            batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
-            batch_values, batch_preds = self.model.evaluate_batch(batch)
+            static = None if self.captured_eval is None else self.model.graph_batch(split.data, [rows] * self.k, self.device)
+            if static is not None:  # the device part replayed from a CUDA graph
+                assert self.captured_eval is not None
+                batch_values, batch_preds = self.model.eval_from_tensors(self.captured_eval(static), static)
+            else:
+                batch = self.model.make_batch(split.data, [rows] * self.k, self.device)
+                batch_values, batch_preds = self.model.evaluate_batch(batch)
             for name, per_row in batch_values.items():
                 model_values.setdefault(name, np.zeros((self.k, n)))[:, rows] = per_row.double().cpu().numpy()
             for k, member_preds in enumerate(batch_preds):
@@ -482,8 +497,9 @@ class BundleRun:
         if self.optimizer is not None:
             self.optimizer.keep_rows(keep)
         self.noise.keep(keep)
-        if self.captured is not None:
-            self.captured.clear()  # the parameters have new storage
+        for graphs in (self.captured, self.captured_eval):
+            if graphs is not None:
+                graphs.clear()  # the parameters have new storage
         self.hparams = self.hparams.keep(keep)
         self.slots = [self.slots[row] for row in keep]
         self.k = self.model.k = len(keep)
@@ -495,6 +511,7 @@ class BundleRun:
         members = [m.seeds for m in self.members]
         self.model = build_model(self.spec, self.data, members, self.member_dropout).to(self.device)
         self.captured = None  # graphs of the old model; training is over
+        self.captured_eval = self._captured_eval()
         self.slots = list(range(len(self.members)))
         self.hparams = MemberHparams.of(self.member_specs)
         self.k = len(self.members)

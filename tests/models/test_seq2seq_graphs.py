@@ -2,8 +2,9 @@
 
 On the CPU: a batch padded to buckets (what a graph is captured for) gives the losses and
 gradients of the unpadded batch, under generator and counter noise, with the C kernels and
-with torch ops (CUDA's); positional masks give a lone run and a bundle member the same
-multipliers. On CUDA (``-m cuda``): replayed steps equal eager steps on the same batches.
+with torch ops (CUDA's), and the same evaluation (per-example values and decoded tokens);
+positional masks give a lone run and a bundle member the same multipliers. On CUDA
+(``-m cuda``): replayed steps and evaluations equal eager ones on the same batches.
 """
 
 from __future__ import annotations
@@ -76,6 +77,29 @@ def test_a_batch_padded_to_buckets_gives_the_same_losses_and_gradients(
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("feeding", [False, True], ids=["plain", "input_feeding"])
+@pytest.mark.parametrize("width", [1, 2], ids=["greedy", "beam2"])
+def test_a_graph_batch_evaluates_as_the_plain_batch(kernels: str, feeding: bool, width: int) -> None:
+    """What a captured evaluation computes (``eval_tensors`` of the padded batch, decoding
+    steps read on the device) gives every example the values and tokens of the plain batch."""
+    run = new_run(spec(input_feeding=feeding, teacher_forced_exact=True, beam_width=width), [0, 1, 2])
+    model, split = run.model, run.data.splits["long"]
+    rows = [np.arange(min(len(split), 23))] * 3
+    cpu = torch.device("cpu")
+    plain = model.make_batch(split.data, rows, cpu)
+    padded = model.graph_batch(split.data, rows, cpu)
+    assert padded is not None and padded.decode_steps_t is not None
+    assert padded.src.shape[2] > plain.src.shape[2] or padded.tok_pos.shape[1] > plain.tok_pos.shape[1]
+    with torch.no_grad():
+        want_values, want_preds = model.evaluate_batch(plain)
+        got_values, got_preds = model.eval_from_tensors(model.eval_tensors(padded), padded)
+    assert got_values.keys() == want_values.keys() == {"loss", "tf_exact", "tf_token"}
+    for name, want in want_values.items():
+        torch.testing.assert_close(got_values[name], want, rtol=1e-5, atol=1e-5, msg=name)
+    for got, want in zip(got_preds, want_preds, strict=True):
+        assert [list(r) for r in got] == [list(r) for r in want]
+
+
 def test_graph_batches_need_the_fast_implementation() -> None:
     run = new_run(spec(), [0])
     assert run.model.graph_batch(run.train_split.data, [np.arange(4)], torch.device("cpu")) is not None
@@ -129,6 +153,37 @@ def test_replayed_steps_equal_eager_steps_on_cuda(feeding: bool) -> None:
     assert runs[0].captured is not None and runs[0].captured.replays > 0
     for (name, p), q in zip(runs[0].model.named_parameters(), runs[1].model.parameters(), strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("feeding", [False, True], ids=["plain", "input_feeding"])
+def test_replayed_evaluations_equal_eager_ones_on_cuda(feeding: bool) -> None:
+    """An evaluation replayed from CUDA graphs (the third: the first runs eagerly, the second
+    captures) gives the values and predictions of the eager evaluation of the same padded
+    batches, and of the plain batches to float rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    s = spec(input_feeding=feeding, teacher_forced_exact=True)
+    graphed = new_run(s, [0, 1, 2], "cuda", cuda_graphs=True)
+    assert graphed.captured_eval is not None
+    split = graphed.data.splits["long"]
+    evaluations = [graphed.evaluate(split, predictions=True) for _ in range(3)]
+    c = graphed.captured_eval
+    assert c.failed is None, c.failed
+    assert c.replays > 0 and len(c.graphs) > 0
+    eager = new_run(s, [0, 1, 2], "cuda", cuda_graphs=True)
+    assert eager.captured_eval is not None
+    eager.captured_eval.warm_sightings = 10**9  # the same padded batches, never captured
+    plain = new_run(s, [0, 1, 2], "cuda")  # plain batches, no graphs
+    assert plain.captured_eval is None
+    same, unpadded = eager.evaluate(split, predictions=True), plain.evaluate(split, predictions=True)
+    for got in evaluations[1:]:  # captured, then replayed
+        for k in range(3):
+            assert got.means[k].keys() == same.means[k].keys() == unpadded.means[k].keys()
+            for name, value in got.means[k].items():
+                assert value == pytest.approx(same.means[k][name], rel=1e-6, abs=1e-7), (k, name)
+                assert value == pytest.approx(unpadded.means[k][name], rel=1e-4, abs=1e-5), (k, name)
+            assert [list(r) for r in got.predictions[k]] == [list(r) for r in same.predictions[k]]
 
 
 def test_per_example_sums_on_a_dense_grid_equal_index_add() -> None:

@@ -208,6 +208,27 @@ class Model(nn.Module, ABC):
         may compute sharing work (seq2seq encodes the batch once for both)."""
         return self.example_metrics(batch), self.predict(batch)
 
+    captures_evaluation: ClassVar[bool] = False
+    """Whether :meth:`evaluate_batch` splits into :meth:`eval_tensors`, which a CUDA graph
+    can capture for a :meth:`graph_batch` batch (``execution.cuda_graphs``), and
+    :meth:`eval_from_tensors`. False (the default): evaluation runs eagerly."""
+
+    def eval_tensors(self, batch: Any) -> tuple[torch.Tensor, ...]:
+        """The device part of :meth:`evaluate_batch`: tensors computed from ``batch``'s tensors
+        (and :meth:`graph_key`'s values) alone, without host synchronisation."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its evaluation")
+
+    def eval_from_tensors(
+        self, outputs: tuple[torch.Tensor, ...], batch: Any
+    ) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
+        """:meth:`evaluate_batch`'s result from :meth:`eval_tensors`' ``outputs``."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its evaluation")
+
+    def graph_key(self, batch: Any) -> tuple[Any, ...]:
+        """Host values besides the tensors' shapes that a captured computation of ``batch``
+        bakes in (seq2seq: the decoding length); a graph is captured per shape and key."""
+        return ()
+
     @abstractmethod
     def predict(self, batch: Any) -> list[Sequence[Any]]:
         """Predictions, ``K`` sequences of ``B`` task-level predictions (what ``Task.score``

@@ -2,7 +2,10 @@
 
 A stepper holds K members x N hypotheses and offers ``step(prev (K, N)) -> logits (K, N,
 V)``, ``next_tokens(prev) -> argmax tokens (K, N)``, ``reorder(index (K, N))`` and
-``greedy(steps)``, which is :func:`greedy_decode` of itself or a faster equivalent. Both
+``greedy(steps, t_max)``, which is :func:`greedy_decode` of itself or a faster equivalent.
+``t_max``, the most steps of any example, comes from the host (the batch's
+``decode_steps``): reading it from ``steps`` would make the host wait for the device, which
+a captured evaluation cannot. Both
 decoders run a fixed number of steps per example (the task's ``decode_len``), so a
 prediction includes the position where EOS belongs; the batch runs to its longest example
 and each output is cut to its own length.
@@ -23,7 +26,7 @@ from trainables.data import BOS, EOS
 
 
 class Stepper(Protocol):
-    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
+    def greedy(self, steps: torch.Tensor, t_max: int) -> torch.Tensor:
         """:func:`greedy_decode` of this stepper (an implementation may do it in one call)."""
         ...
 
@@ -34,10 +37,9 @@ class Stepper(Protocol):
     def reorder(self, index: torch.Tensor) -> None: ...
 
 
-def greedy_decode(stepper: Stepper, steps: torch.Tensor) -> torch.Tensor:
-    """Argmax decoding. steps (K, B) int64 -> tokens (K, B, max steps) int64."""
+def greedy_decode(stepper: Stepper, steps: torch.Tensor, t_max: int) -> torch.Tensor:
+    """Argmax decoding. steps (K, B) int64 -> tokens (K, B, t_max) int64."""
     k, b = steps.shape
-    t_max = int(steps.max())
     out = torch.empty(k, b, t_max, dtype=torch.int64, device=steps.device)
     prev = torch.full((k, b), BOS, dtype=torch.int64, device=steps.device)
     for t in range(t_max):
@@ -46,18 +48,17 @@ def greedy_decode(stepper: Stepper, steps: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def decode(stepper: Stepper, steps: torch.Tensor, width: int) -> torch.Tensor:
-    """Greedy decoding (``width`` 1) or beam search: steps (K, B) int64 -> tokens (K, B,
-    max steps) int64."""
-    return stepper.greedy(steps) if width == 1 else beam_decode(stepper, steps, width)
+def decode(stepper: Stepper, steps: torch.Tensor, width: int, t_max: int) -> torch.Tensor:
+    """Greedy decoding (``width`` 1) or beam search: steps (K, B) int64, at most ``t_max``
+    -> tokens (K, B, t_max) int64."""
+    return stepper.greedy(steps, t_max) if width == 1 else beam_decode(stepper, steps, width, t_max)
 
 
-def beam_decode(stepper: Stepper, steps: torch.Tensor, width: int) -> torch.Tensor:
+def beam_decode(stepper: Stepper, steps: torch.Tensor, width: int, t_max: int) -> torch.Tensor:
     """Beam search (see the module doc). The stepper holds N = B * width hypotheses,
-    example b's in rows b * width .. (b + 1) * width - 1. Returns (K, B, max steps)."""
+    example b's in rows b * width .. (b + 1) * width - 1. Returns (K, B, t_max)."""
     k, b = steps.shape
     dev = steps.device
-    t_max = int(steps.max())
     scores = torch.full((k, b, width), float("-inf"), device=dev)
     scores[:, :, 0] = 0.0  # all beams start identical: expand only the first
     tokens = torch.zeros(k, b, width, t_max, dtype=torch.int64, device=dev)
@@ -80,5 +81,5 @@ def beam_decode(stepper: Stepper, steps: torch.Tensor, width: int) -> torch.Tens
         stepper.reorder((row0 + src).view(k, b * width))
         prev = tok.view(k, b * width)
         done = steps == t + 1  # (K, B): examples whose last step this was
-        best[done] = tokens[:, :, 0][done]
+        best = torch.where(done.unsqueeze(-1), tokens[:, :, 0], best)  # (no host sync, as [done] would)
     return best

@@ -157,7 +157,7 @@ class FastEngine(Engine):
             encoded = self.encode(w, batch, None)
             ce_f, hit_f = self._token_outputs(w, batch, None, hits, encoded)
             feeding = self._feeding_stepper(w, encoded, batch, width)
-            return ce_f, hit_f, decode(feeding, batch.steps(), width)
+            return ce_f, hit_f, decode(feeding, batch.steps(), width, batch.max_steps)
         w = build_weights(self.arch, params, evaluation=True, kern=self.kern)
         encoded = self.encode(w, batch, None)
         stepper = FastStepper(self.arch, w, *encoded, batch.src_mask, width)
@@ -167,7 +167,7 @@ class FastEngine(Engine):
             assert ce is not None
             return ce, hit if hits else None, tokens
         ce, hit = self._token_outputs(w, batch, None, hits, encoded)
-        return ce, hit, decode(stepper, steps, width)
+        return ce, hit, decode(stepper, steps, width, batch.max_steps)
 
     def _token_outputs(
         self,

@@ -141,8 +141,8 @@ class FeedingStepper:
     def next_tokens(self, prev: torch.Tensor) -> torch.Tensor:
         return self.step(prev).argmax(-1)
 
-    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
-        return greedy_decode(self, steps)
+    def greedy(self, steps: torch.Tensor, t_max: int) -> torch.Tensor:
+        return greedy_decode(self, steps, t_max)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.dec.reorder(index)

@@ -220,10 +220,20 @@ class Seq2SeqBatch:
     the rows past it (training batches list each member's longest targets first)."""
     tgt_active: tuple[int, ...] = ()
     """The same per decoder step t for the decoder positions (target length + 1)."""
+    decode_steps_t: torch.Tensor | None = None
+    """:attr:`decode_steps` on the batch's device, in a batch made for a captured evaluation
+    (:meth:`~trainables.models.seq2seq.model.Seq2Seq.graph_batch`), else None."""
 
     def steps(self) -> torch.Tensor:
         """:attr:`decode_steps` as a (K, B) int64 tensor on the batch's device."""
+        if self.decode_steps_t is not None:
+            return self.decode_steps_t
         return torch.from_numpy(self.decode_steps).to(self.src.device)
+
+    @property
+    def max_steps(self) -> int:
+        """The most decoding steps of any example (read on the host)."""
+        return int(self.decode_steps.max()) if self.decode_steps.size else 0
 
 
 def seq_pairs(data: SplitData) -> SeqPairs:
@@ -517,4 +527,4 @@ class Engine(ABC):
         greedy decoding or beam search of ``width``; an implementation may share work
         between them."""
         ce, hit = self.token_outputs(params, batch, None, hits)
-        return ce, hit, decode(self.start_decode(params, batch, width), batch.steps(), width)
+        return ce, hit, decode(self.start_decode(params, batch, width), batch.steps(), width, batch.max_steps)

@@ -86,6 +86,7 @@ from trainables.models.seq2seq.layout import (
 )
 from trainables.models.seq2seq.reference import ReferenceEngine
 from trainables.registry import MODELS
+from trainables.runtime import to_device
 
 
 class Seq2SeqConfig(FrozenConfig):
@@ -375,14 +376,15 @@ class Seq2Seq(Model):
         """The fast implementation's batch padded to length and token buckets
         (``collate(..., buckets=True)``), without the generator-noise positions (positional
         noise does not read them) and without ``active`` rows (the torch ops compute every
-        row). None for ``impl: reference`` (a Python loop over its member)."""
+        row), with the decoding steps on the device (a captured evaluation reads them there).
+        None for ``impl: reference`` (a Python loop over its member)."""
         if self.cfg.impl != "fast":
             return None
         batch = collate(data, rows, device, self.cfg.reverse_source, self.decode_len, buckets=True)
         none = torch.zeros(0, dtype=torch.int64, device=device)
         return dataclasses.replace(
             batch, src_counts=(), tgt_counts=(), src_tm_pos=none, tgt_tm_pos=none, tok_list_pos=none,
-            src_active=(), tgt_active=(),
+            src_active=(), tgt_active=(), decode_steps_t=to_device(torch.from_numpy(batch.decode_steps), device),
         )
 
     def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -427,14 +429,31 @@ class Seq2Seq(Model):
         decode_len."""
         width = self.cfg.beam_width
         stepper = self.engine.start_decode(self._params(), batch, width)
-        return self._rows(decode(stepper, batch.steps(), width), batch)
+        return self._rows(decode(stepper, batch.steps(), width, batch.max_steps), batch)
 
     @torch.no_grad()
     def evaluate_batch(self, batch: Any) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
         """:meth:`example_metrics` and :meth:`predict` from one encoding of the batch."""
-        hits = self.cfg.teacher_forced_exact
-        ce, hit, tokens = self.engine.evaluate(self._params(), batch, hits, self.cfg.beam_width)
-        return self._metrics(ce, hit, batch), self._rows(tokens, batch)
+        return self.eval_from_tensors(self.eval_tensors(batch), batch)
+
+    captures_evaluation: ClassVar[bool] = True
+
+    def eval_tensors(self, batch: Any) -> tuple[torch.Tensor, ...]:
+        """Per-token losses (K, N), decoded tokens (K, B, max steps) and, with
+        ``teacher_forced_exact``, per-token hits (K, N): :meth:`evaluate_batch` before its
+        per-example sums and host rows."""
+        ce, hit, tokens = self.engine.evaluate(self._params(), batch, self.cfg.teacher_forced_exact, self.cfg.beam_width)
+        return (ce, tokens) if hit is None else (ce, tokens, hit)
+
+    def eval_from_tensors(
+        self, outputs: tuple[torch.Tensor, ...], batch: Any
+    ) -> tuple[dict[str, torch.Tensor], list[Sequence[Any]]]:
+        ce, tokens, *hit = outputs
+        return self._metrics(ce, hit[0] if hit else None, batch), self._rows(tokens, batch)
+
+    def graph_key(self, batch: Any) -> tuple[Any, ...]:
+        """The decoding length (the most steps of any example), which a graph bakes in."""
+        return (batch.max_steps,)
 
     def _metrics(
         self, ce: torch.Tensor, hit: torch.Tensor | None, batch: Seq2SeqBatch

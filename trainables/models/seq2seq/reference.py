@@ -267,8 +267,8 @@ class ReferenceStepper:
         """Greedy step: prev (1, N) -> argmax tokens (1, N)."""
         return self.step(prev).argmax(-1)
 
-    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
-        return greedy_decode(self, steps)
+    def greedy(self, steps: torch.Tensor, t_max: int) -> torch.Tensor:
+        return greedy_decode(self, steps, t_max)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.h = self.h.index_select(1, index[0])

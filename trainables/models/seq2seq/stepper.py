@@ -119,11 +119,11 @@ class FastStepper:
         """Greedy step: prev (K, N) -> argmax tokens (K, N)."""
         return argmax_last(self.step(prev), self.kern)
 
-    def greedy(self, steps: torch.Tensor) -> torch.Tensor:
-        """:func:`greedy_decode` (K, B, max steps); on a CPU every step in one call of the C
+    def greedy(self, steps: torch.Tensor, t_max: int) -> torch.Tensor:
+        """:func:`greedy_decode` (K, B, t_max); on a CPU every step in one call of the C
         decoder (:meth:`decode_in_c`), which computes the same to float rounding."""
         if not self.in_c():
-            return greedy_decode(self, steps)
+            return greedy_decode(self, steps, t_max)
         return self.decode_in_c(steps)[0]
 
     def in_c(self) -> bool:
