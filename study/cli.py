@@ -270,19 +270,35 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
 
     One row per config (grid point; trial_id is its hash): seeds planned, done (committed),
     ok, diverged, not_learned, failed (left uncommitted by the last run's failed trials) and
-    pending. A table ends with why the last run's seeds failed, or why it stopped early."""
+    pending. A table ends with why the last run's seeds failed, or why it stopped early. A
+    tuning study: one row per candidate, with its Optuna state and objective, then how far
+    the search is and its best candidate so far."""
     from analysis.formatting import format_rows
     from analysis.manifest import point_label
-    from study.status import committed_runs, last_run_lines, study_status
+    from study import manifest
+    from study.status import (
+        committed_runs,
+        last_run_lines,
+        study_status,
+        tuning_lines,
+        tuning_status,
+    )
 
+    m = manifest.read(out, name)
     runs = committed_runs(out, name)  # read once: the table and the failure lines both need it
-    rows = study_status(out, name, runs)
+    tuning = m is not None and m.get("kind") == "tune"
+    rows = tuning_status(out, name, m, runs) if m is not None and tuning else study_status(out, name, runs)
     if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
         rows = [{**r, "point": point_label(r["point"])} for r in rows]
     typer.echo(format_rows(rows, fmt))
-    if fmt == "table":
-        for line in last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}, runs):
-            typer.echo(line)
+    if fmt != "table":
+        return
+    if m is not None and tuning:
+        lines = tuning_lines(out, name, rows, m, {r["candidate"]: r["point"] for r in rows})
+    else:
+        lines = last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}, runs)
+    for line in lines:
+        typer.echo(line)
 
 
 @app.command()

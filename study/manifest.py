@@ -57,6 +57,11 @@ def study_dir(out: Path, name: str) -> Path:
     return Path(out) / name
 
 
+def storage_url(out: Path, name: str) -> str:
+    """The Optuna storage URL of tuning study ``name`` (``optuna trials --storage URL``)."""
+    return f"sqlite:///{(Path(out) / name / 'optuna.db').resolve()}"
+
+
 def manifest_path(out: Path, name: str) -> Path:
     return study_dir(out, name) / "study.json"
 

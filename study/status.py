@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import uuid
 from pathlib import Path
@@ -27,8 +28,9 @@ LAST_RUN = "last_run.json"
 def record_last_run(out: Path, name: str, failed: list[dict[str, Any]], stopped: str | None) -> None:
     """Record how a run of the study ended, atomically: ``failed``, one dict per failed unit
     (trial_id, point as JSON, seeds: the indices it left uncommitted, error: the line the
-    driver printed), and ``stopped``: why the run stopped early (SIGINT, a memory kill), or
-    None. A run that ended with neither removes the record: nothing is left to explain."""
+    driver printed; a tuning study's: one per cause, error and the line printed), and
+    ``stopped``: why the run stopped early (SIGINT, a memory kill), or None. A run that
+    ended with neither removes the record: nothing is left to explain."""
     path = Path(out) / name / LAST_RUN
     if not failed and stopped is None:
         path.unlink(missing_ok=True)
@@ -85,14 +87,22 @@ def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tupl
         error, label = str(unit.get("error", "")), labels.get(str(unit.get("trial_id")), "")
         count, points = causes.get(error, (0, []))
         causes[error] = (count + len(seeds), points + ([label] if label and label not in points else []))
-    when = str(record.get("ended_at", "?")).replace("T", " ").replace("+00:00", " UTC")
+    when = _ended(record)
     lines = []
     for error, (count, points) in causes.items():
         named = "; ".join(points[:3]) + ("; ..." if len(points) > 3 else "")
         lines.append(f"last run (ended {when}): {count} seed(s) failed{f' ({named})' if named else ''}: {error}")
-    if record.get("stopped"):
-        lines.append(f"last run (ended {when}) stopped early: {record['stopped']}")
-    return lines
+    return lines + _stop_line(record)
+
+
+def _ended(record: dict[str, Any]) -> str:
+    """When the recorded run ended, as ``2026-11-27 15:23:08 UTC``."""
+    return str(record.get("ended_at", "?")).replace("T", " ").replace("+00:00", " UTC")
+
+
+def _stop_line(record: dict[str, Any]) -> list[str]:
+    """The line saying why the recorded run stopped early, if it did."""
+    return [f"last run (ended {_ended(record)}) stopped early: {record['stopped']}"] if record.get("stopped") else []
 
 
 def study_status(out: Path, name: str, runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
@@ -127,3 +137,83 @@ def study_status(out: Path, name: str, runs: dict[tuple[str, int], str]) -> list
             "pending": max(0, p["seeds"] - done - lost),
         })
     return rows
+
+
+CANDIDATE_STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
+"""Optuna's trial states as ``study status`` names them."""
+
+
+def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """One dict per candidate of tuning study ``name`` (manifest ``m``), from its Optuna
+    storage in ``out``: candidate (Optuna's number), point (its parameters, JSON), trial_id,
+    state (complete, pruned, failed, running, waiting), objective (a complete candidate's),
+    planned (its seeds), done, ok, diverged, not_learned (its committed runs: ``runs``, from
+    :func:`committed_runs`), failed (a failed candidate's uncommitted seeds) and pending (a
+    running or waiting one's). Imports Optuna (a seed study's status does not)."""
+    import optuna
+
+    db = Path(out) / name / "optuna.db"
+    if not db.is_file():
+        raise StudyStateError(f"tuning study {name!r} has no Optuna storage at {db}. Fix: run `study tune` for it "
+                              f"(or restore {db.name} beside its manifest)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=name, storage=manifest.storage_url(out, name))
+    per_candidate = int((m.get("tune") or {}).get("seeds_per_candidate") or 0)
+    by_trial: dict[str, dict[str, int]] = {}
+    for (tid, _), run_status in runs.items():
+        counts = by_trial.setdefault(tid, {})
+        counts[run_status] = counts.get(run_status, 0) + 1
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        trial_id = str(t.user_attrs.get("trial_id", ""))
+        planned = len(t.user_attrs.get("seeds") or []) or per_candidate
+        counts = by_trial.get(trial_id, {})
+        done = sum(counts.values())
+        state = CANDIDATE_STATES.get(t.state.name, t.state.name.lower())
+        left = max(0, planned - done)
+        rows.append({
+            "candidate": t.number,
+            "point": json.dumps(t.params, sort_keys=True),
+            "trial_id": trial_id,
+            "state": state,
+            "objective": t.user_attrs.get("objective", t.value) if state == "complete" else None,
+            "planned": planned,
+            "done": done,
+            "ok": counts.get("ok", 0),
+            "diverged": counts.get("diverged", 0),
+            "not_learned": counts.get("not_learned", 0),
+            "failed": left if state == "failed" else 0,
+            "pending": left if state in ("running", "waiting") else 0,
+        })
+    return rows
+
+
+def tuning_lines(
+    out: Path, name: str, rows: list[dict[str, Any]], m: dict[str, Any], labels: dict[int, str]
+) -> list[str]:
+    """Lines under a tuning study's status table: how far the search is (against the
+    requested candidates, manifest ``m``'s ``tune_trials``), its best complete candidate
+    so far (``labels``: candidate -> parameter label), and why the last run's candidates
+    failed or it stopped early (:func:`last_run`)."""
+    by_state: dict[str, int] = {}
+    for r in rows:
+        by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+    finished = by_state.get("complete", 0) + by_state.get("pruned", 0)
+    requested = m.get("tune_trials")
+    of = f" of {requested} requested" if requested else ""
+    parts = [f"{by_state[s]} {s}" for s in ("complete", "pruned") if by_state.get(s)]
+    line = (f"search: {finished}{of} candidates finished ({', '.join(parts) or 'none yet'}), "
+            f"{by_state.get('failed', 0)} failed, {by_state.get('running', 0) + by_state.get('waiting', 0)} running or waiting")
+    lines = [line]
+    objective = m.get("objective") or {}
+    scored = [r for r in rows if r["state"] == "complete" and r["objective"] is not None
+              and math.isfinite(float(r["objective"]))]  # every seed diverged: NaN
+    if scored:
+        maximize = objective.get("direction") == "maximize"
+        best = (max if maximize else min)(scored, key=lambda r: float(r["objective"]))
+        what = " ".join(str(objective[k]) for k in ("split", "metric") if objective.get(k)) or "objective"
+        lines.append(f"best so far: candidate {best['candidate']} ({labels.get(best['candidate'], '')}): "
+                     f"{what} {float(best['objective']):.6g} ({objective.get('direction', 'minimize')})")
+    record = last_run(out, name) or {}
+    lines += [f"last run (ended {_ended(record)}): {c.get('line') or c.get('error')}" for c in record.get("failed") or []]
+    return lines + _stop_line(record)

@@ -42,6 +42,7 @@ from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name
 from study.failures import MEMORY_FIX, REFUSED_FIX, failed_trials, failure_text
 from study.lock import study_lock
+from study.manifest import storage_url
 from study.plan import seedsets
 from study.runner import (
     StopSignals,
@@ -54,6 +55,7 @@ from study.runner import (
     warn_cluster_resources,
     worker_env,
 )
+from study.status import record_last_run
 from study.tuning_config import (
     SEARCH_IDENTITY,
     Objective,
@@ -77,11 +79,6 @@ from trainables.tuning_unit import (
     param_column,
     unit_from_template,
 )
-
-
-def storage_url(out: Path, name: str) -> str:
-    """The Optuna storage URL of tuning study ``name`` (``optuna trials --storage URL``)."""
-    return f"sqlite:///{(Path(out) / name / 'optuna.db').resolve()}"
 
 
 def ranking_sql(name: str, direction: str, space_keys: list[str], limit: int = 5) -> str:
@@ -324,14 +321,18 @@ def _tune_locked(
         oom = killed
     texts = Counter(failure_text(err) for err in errors)  # one line per cause (a refused config refuses all alike)
     one, many = ("candidate", "candidates") if batch == 1 else ("bundle of candidates", "bundles of candidates")
+    causes = []
     for text, n in texts.items():
         what = f"{one} failed" if n == 1 else f"{n} {many} failed"
         console.print(f"[red]{what}:[/red] {text}", soft_wrap=True, highlight=False)
+        causes.append({"error": text, "line": f"{what}: {text}"})
     after = optuna.load_study(study_name=name, storage=storage)
     done = finished_count(after)
     # candidates, not trials: a failed bundle (tune.batch) fails each of its candidates
     failed = len(_failed_numbers(after) - failed_before)
     interrupted = stops is not None and stops.received is not None
+    stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else None
+    record_last_run(out, name, causes, stopped or (str(oom) if oom is not None else None))  # for `study status`
     if errors or done < n_trials or interrupted:
         again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
         fix = f"re-run `{again}` (or `study resume {name} --out {out}`) to resume"

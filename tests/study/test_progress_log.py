@@ -144,3 +144,28 @@ def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_w
     assert last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))[0].endswith(f"2 seed(s) failed (lr=0.1; lr=0.2): {boom}")
     record_last_run(tmp_path, "s", [], None)
     assert not (tmp_path / "s" / LAST_RUN).exists() and last_run_lines(tmp_path, "s", labels, {}) == []
+
+
+def test_a_tuning_searchs_lines_name_its_progress_its_best_candidate_and_the_last_runs_causes(tmp_path: Path) -> None:
+    """``study.status.tuning_lines`` on candidate rows worked out by hand: the best is the
+    largest objective when maximising, the smallest when minimising; pruned candidates count
+    as finished; the last run's recorded causes follow."""
+    from study.status import record_last_run, tuning_lines
+
+    def row(n: int, state: str, objective: float | None) -> dict[str, object]:
+        return {"candidate": n, "state": state, "objective": objective}
+
+    rows = [row(0, "complete", 0.5), row(1, "pruned", None), row(2, "complete", 0.9), row(3, "failed", None),
+            row(4, "running", None)]
+    labels = {0: "lr=0.1", 2: "lr=0.3"}
+    (tmp_path / "t").mkdir()
+    m = {"tune_trials": 8, "objective": {"split": "val_ood", "metric": "accuracy", "direction": "maximize"}}
+    assert tuning_lines(tmp_path, "t", rows, m, labels) == [
+        "search: 3 of 8 requested candidates finished (2 complete, 1 pruned), 1 failed, 1 running or waiting",
+        "best so far: candidate 2 (lr=0.3): val_ood accuracy 0.9 (maximize)",
+    ]
+    m["objective"]["direction"] = "minimize"
+    record_last_run(tmp_path, "t", [{"error": "boom", "line": "candidate failed: boom"}], "interrupted by SIGINT")
+    lines = tuning_lines(tmp_path, "t", rows, m, labels)
+    assert lines[1] == "best so far: candidate 0 (lr=0.1): val_ood accuracy 0.5 (minimize)"
+    assert lines[2].endswith("): candidate failed: boom") and lines[3].endswith("stopped early: interrupted by SIGINT")

@@ -219,6 +219,25 @@ def test_storage_reads_back_with_the_optuna_api(tuned: dict[str, Any]) -> None:
         assert row["param_train_lr"] == pytest.approx(t.params["train.lr"], rel=1e-12)
 
 
+def test_status_lists_each_candidate_with_its_state_and_the_best_so_far(tuned: dict[str, Any]) -> None:
+    """`study status` of a tuning study: one row per Optuna candidate (it showed the base
+    config as one pending grid point), its seeds committed, and the best candidate."""
+    out = tuned["out"]
+    rows = json.loads(cli("status", NAME, "--out", str(out), "--format", "json").stdout)
+    study = load_study(out)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert [r["candidate"] for r in rows] == sorted(trials)
+    for r in rows:
+        t = trials[r["candidate"]]
+        assert r["trial_id"] == t.user_attrs["trial_id"] and json.loads(r["point"]) == t.params
+        assert r["state"] == "complete" and (r["planned"], r["done"], r["ok"], r["pending"]) == (K, K, K, 0)
+        assert r["objective"] == pytest.approx(t.value, rel=1e-12)
+    table = cli("status", NAME, "--out", str(out)).stdout
+    assert "search: 6 of 6 requested candidates finished (6 complete), 0 failed, 0 running or waiting" in table
+    best = min(completed(study), key=lambda t: t.value)
+    assert f"best so far: candidate {best.number} (" in table and f"val_ood loss {best.value:.6g} (minimize)" in table
+
+
 def test_candidates_are_paired_and_scored_on_val_ood_only(tuned: dict[str, Any]) -> None:
     out = tuned["out"]
     runs = sql(
@@ -339,6 +358,11 @@ def test_a_config_the_workers_refuse_fails_each_candidate_once_without_traceback
     assert f"run it under a new name (`study tune CONFIG --name NEW --out {out}`)" in text, text
     states = [t.state for t in load_study(out).get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL] * 2
+    rows = json.loads(cli("status", NAME, "--out", str(out), "--format", "json").stdout)
+    assert [(r["state"], r["failed"], r["pending"]) for r in rows] == [("failed", K, 0)] * 2
+    table = cli("status", NAME, "--out", str(out)).stdout
+    assert "search: 0 of 2 requested candidates finished (none yet), 2 failed" in table and "best so far" not in table
+    assert f"): {what}: {cause}" in table, table  # the last run's cause, recorded by the driver
 
 
 @pytest.mark.parametrize(
