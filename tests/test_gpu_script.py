@@ -64,11 +64,14 @@ def test_a_study_comes_back_as_one_tarball_that_analyzes_here(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     names = subprocess.run(["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True, check=True).stdout
     assert "tables/runs/study=gpu_tiny/" in names and "gpu_tiny/study.json" in names
-    assert "/ray/" not in names
+    assert "/ray/" not in names and "gpu_tiny/weights/" in names
     back = tmp_path / "back"
     back.mkdir()
     subprocess.run(["tar", "-xzf", str(out / "results.tgz"), "-C", str(back)], check=True)
     shown = subprocess.run([sys.executable, "-m", "study.cli", "ls", "--out", str(back)], capture_output=True,
                            text=True, timeout=120, check=True, cwd=tmp_path)
     assert "gpu_tiny" in shown.stdout and " 3 " in shown.stdout, shown.stdout
+    checked = subprocess.run([sys.executable, "-m", "study.cli", "check", "gpu_tiny", "--out", str(back)],
+                             capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # nothing missing
     shutil.rmtree(work / "gpu_tiny", ignore_errors=True)
