@@ -193,3 +193,41 @@ def test_full_batch_training_shares_one_input_across_the_bundle() -> None:
     perms = [np.random.default_rng(k).permutation(len(data)) for k in range(3)]
     batch = run.model.make_batch(data, run.model.train_layout(data, perms), run.device)
     assert batch.inputs.shape == (1, len(data), 4)
+
+
+def test_a_graph_batch_is_the_training_batch_and_trains_the_same() -> None:
+    """What a captured step runs (``graph_batch``) is the training batch: the same loss."""
+    run = _run(REWRITING, k=3, dropout=0.2)
+    data = run.data.train.data
+    layout = run.model.train_layout(data, [np.arange(8) + 8 * k for k in range(3)])
+    plain, graph = run.model.make_batch(data, layout, run.device), run.model.graph_batch(data, layout, run.device)
+    state = run.noise.state()
+    want = run.model.loss(plain, run.noise, "token_mean")
+    run.noise.set_state(state)
+    assert torch.equal(run.model.loss(graph, run.noise, "token_mean"), want)
+
+
+@pytest.mark.cuda
+def test_replayed_training_steps_equal_eager_steps_on_cuda() -> None:
+    """The transformer's training step replayed from CUDA graphs (``execution.cuda_graphs``)
+    equals the same steps run op by op, dropout masks (drawn inside the graph) included."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    spec = RunSpec.from_dict({
+        "task": REWRITING,
+        "model": {"name": "transformer", "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.2},
+        "train": {"optimizer": "adamw", "lr": 0.01, "batch_size": 8, "max_steps": 12, "eval_every_steps": 12,
+                  "selection": {"mode": "last", "early_stop": False}},
+    })  # fmt: skip
+    seeds = [derive_seedset(1, i) for i in range(3)]
+    task = spec.make_task()
+    data = task.build(seeds[0].data_seed)
+    graphed, eager = (BundleRun(spec, seeds, task, data, "cuda", cuda_graphs=True) for _ in range(2))
+    assert graphed.captured is not None and eager.captured is not None
+    eager.captured.warm_sightings = 10**9  # the same batches and masks, never captured
+    graphed.train_round()
+    eager.train_round()
+    assert graphed.captured.failed is None, graphed.captured.failed
+    assert graphed.captured.replays > 0 and eager.captured.replays == 0
+    for (name, p), q in zip(graphed.model.named_parameters(), eager.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)

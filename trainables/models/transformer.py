@@ -357,6 +357,14 @@ class Transformer(PlainModel):
             needed=_needed(src_len[index].ravel(), tgt_len[index].ravel(), cfg.bos, cfg.eos),
         )  # fmt: skip
 
+    def graph_batch(self, data: SplitData, rows: Sequence[np.ndarray], device: torch.device) -> LMBatch:
+        """:meth:`make_batch`: a training batch is laid out at its split's width already, so
+        its shapes repeat (one per batch size), and :meth:`loss` under positional noise reads
+        only its tensors, without host synchronisation: the training step can be captured
+        (``execution.cuda_graphs``). Evaluation is not captured (generation reads lengths on
+        the host)."""
+        return self.make_batch(data, rows, device)
+
     def train_layout(self, data: SplitData, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each member's rows sorted (the order within a batch changes no loss): where members
         train on the same rows (full batch) the bundle then shares one input."""
