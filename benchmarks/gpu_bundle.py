@@ -19,6 +19,7 @@ second does. It prints per-step wall times, each evaluation's time, the ratios (
 rounding only). Needs only torch, numpy and pydantic (no Ray):
 
     python benchmarks/gpu_bundle.py                       # K=50, 200 steps, 5,000 examples
+    python benchmarks/gpu_bundle.py --config configs/grokking_gpu.yaml --k 20   # the Transformer (full batch)
     python benchmarks/gpu_bundle.py --device cpu --k 2 --steps 3 --warm 2 --eval 40 --train-size 400   # smoke
 """
 
