@@ -23,6 +23,11 @@ the Dyck-1 one last. ``--tiny`` runs a smoke version (tiny data, 4 candidates).
     python benchmarks/tune_study.py                 # Dyck-1: 40 candidates, 20 per bundle;
                                                     # symbol rewriting: 20, 5 per bundle; 3 seeds
     python benchmarks/tune_study.py --only dyck1    # one search
+    python benchmarks/tune_study.py --only symbol_rewriting --device cuda --cuda-graphs   # on a GPU
+
+On a GPU (``--device cuda``: each trial asks Ray for the GPU, so trials run one after
+another) a bundle's step costs about what a lone run's does (docs/performance.md, "GPU").
+The Dyck-1 search keeps the CPU (batch 1, hidden size 1: its fused step is a CPU kernel).
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ from study.config import parse
 from study.tuning import run_tuning
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def execution(device: str, cuda_graphs: bool) -> dict[str, Any]:
+    """The searches' execution block: the CPU, or one GPU per trial."""
+    if device == "cpu":
+        return {"device": "cpu"}
+    return {"device": device, "gpus_per_trial": 1, "cuda_graphs": cuda_graphs}
 
 
 def dyck_search(candidates: int, seeds: int, train: int, epochs: int) -> dict[str, Any]:
@@ -72,7 +84,8 @@ def dyck_search(candidates: int, seeds: int, train: int, epochs: int) -> dict[st
     }
 
 
-def symbol_search(candidates: int, seeds: int, train: int, epochs: int) -> dict[str, Any]:
+def symbol_search(candidates: int, seeds: int, train: int, epochs: int, device: str = "cpu",
+                  cuda_graphs: bool = False) -> dict[str, Any]:
     """The symbol-rewriting search: weber2018_tune's model on a reduced dataset, lr x dropout."""
     raw = yaml.safe_load((ROOT / "configs" / "weber2018_tune.yaml").read_text())
     cfg = {k: copy.deepcopy(raw[k]) for k in ("task", "model", "train")}
@@ -92,7 +105,7 @@ def symbol_search(candidates: int, seeds: int, train: int, epochs: int) -> dict[
             "trials": candidates,
             "enqueue": [{"train.lr": float(v), "model.dropout": drops[i % len(drops)]} for i, v in enumerate(lrs)],
         },
-        "execution": {"device": "cpu"},
+        "execution": execution(device, cuda_graphs),
     }
 
 
@@ -139,13 +152,16 @@ def main() -> None:
     ap.add_argument("--only", choices=("dyck1", "symbol_rewriting"), default=None)
     ap.add_argument("--tiny", action="store_true", help="a smoke run: 4 candidates x 2 seeds, tiny data")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="the symbol-rewriting search's device (cuda: one GPU per trial)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: execution.cuda_graphs")
     args = ap.parse_args()
     if args.tiny:
         args.seeds, args.dyck_candidates, args.symbol_candidates, args.dyck_batch, args.symbol_batch = 2, 4, 4, 2, 2
         args.dyck_train, args.dyck_epochs, args.symbol_train, args.symbol_epochs = 20, 1, 100, 1
     searches = {  # name -> (search, candidates per bundle)
         "symbol_rewriting": (
-            symbol_search(args.symbol_candidates, args.seeds, args.symbol_train, args.symbol_epochs),
+            symbol_search(args.symbol_candidates, args.seeds, args.symbol_train, args.symbol_epochs,
+                          args.device, args.cuda_graphs),
             args.symbol_batch,
         ),
         "dyck1": (dyck_search(args.dyck_candidates, args.seeds, args.dyck_train, args.dyck_epochs), args.dyck_batch),
@@ -160,8 +176,9 @@ def main() -> None:
             wall_b, ray_b = timed(raw, batch, f"{name}_bundled", out, args.cpus)
             ratios[name] = wall_a / wall_b
             n = raw["tune"]["trials"]
+            where = f"{args.cpus} CPUs" + (f", {args.device}" if name == "symbol_rewriting" else "")
             print(f"{name} (a) one candidate per trial: wall {wall_a:.1f} s, {ray_a:.1f} s in Ray "
-                  f"({n} candidates x {args.seeds} seeds, {args.cpus} CPUs)")
+                  f"({n} candidates x {args.seeds} seeds, {where})")
             print(f"{name} (b) {batch} candidates per bundle: wall {wall_b:.1f} s, {ray_b:.1f} s in Ray "
                   f"(in-Ray ratio {ray_a / ray_b:.2f}x)")
         for name, ratio in ratios.items():
