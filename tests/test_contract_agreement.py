@@ -20,6 +20,7 @@ from trainables.spec import RunSpec
 from trainables.testing.contract import (
     AGREEMENT,
     assert_states_close,
+    contract_suite,
     member_params,
     new_run,
     tiny_spec,
@@ -28,6 +29,9 @@ from trainables.testing.contract import (
 
 CUDA = AGREEMENT["cuda"]
 ULPS = 8
+
+# the contract's code path for the CUDA rule (initial values, movement), run here
+TestTheCudaRuleHere = contract_suite(tasks=["toy2d"], models=["mlp"], agreement=CUDA)
 
 
 def lone(spec: RunSpec, seed: int, ulps: int = 0) -> dict[str, torch.Tensor]:

@@ -231,6 +231,7 @@ def contract_suite(
     device: str = "cpu",
     pair_marks: Mapping[str, pytest.MarkDecorator] | None = None,
     cuda_graphs: bool = False,
+    agreement: Agreement | None = None,
 ) -> type:
     """A pytest test class running the contract over the kept pairs (see the module doc).
 
@@ -241,6 +242,8 @@ def contract_suite(
     every device, and on CUDA the captured training step where the model has one).
     ``pair_marks``: a pytest mark for some pairs, keyed by their id ``"task-model"``, e.g.
     ``{"scan-transformer": pytest.mark.slow}`` to keep a costly cross pair out of a default run.
+    ``agreement``: how closely a bundle member must follow its lone run (default: the
+    device's :data:`AGREEMENT`), e.g. ``AGREEMENT["cuda"]`` to check the GPU's rule here.
     """
     kept = pairs(tasks, models)
     if not kept:
@@ -261,7 +264,7 @@ def contract_suite(
         for (t, m), i in zip(kept, ids, strict=True)
     ]
     root = Path(data_root) if data_root is not None else None
-    agree = AGREEMENT[torch.device(device).type]
+    agree = agreement or AGREEMENT[torch.device(device).type]
     param = pytest.mark.parametrize(("task_cls", "model_cls"), cases)
 
     class ContractSuite:
