@@ -63,3 +63,20 @@ def open_report(browser: Any, page_path: Path) -> tuple[Any, list[str]]:
     return page, errors
 
 
+
+
+def assert_replayed_round_equals_eager(graphed: Any, eager: Any) -> None:
+    """Two fresh bundles of one config on CUDA with ``execution.cuda_graphs``
+    (:class:`~trainables.loop.BundleRun`): ``eager`` never captures (the same batches and
+    masks, op by op); after one round each, ``graphed`` replayed steps and both hold the
+    same parameters."""
+    import torch
+
+    assert graphed.captured is not None and eager.captured is not None
+    eager.captured.warm_sightings = 10**9
+    graphed.train_round()
+    eager.train_round()
+    assert graphed.captured.failed is None, graphed.captured.failed
+    assert graphed.captured.replays > 0 and eager.captured.replays == 0
+    for (name, p), q in zip(graphed.model.named_parameters(), eager.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)

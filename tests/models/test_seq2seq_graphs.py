@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests_support import assert_replayed_round_equals_eager
 
 from trainables.loop import BundleRun
 from trainables.models.base import MemberNoise
@@ -134,16 +135,8 @@ def test_replayed_steps_equal_eager_steps_on_cuda(feeding: bool) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here")
     s = spec(input_feeding=feeding)
-    graphed = new_run(s, [0, 1, 2], "cuda", cuda_graphs=True)
-    eager = new_run(s, [0, 1, 2], "cuda", cuda_graphs=True)
-    assert graphed.captured is not None and eager.captured is not None
-    eager.captured.warm_sightings = 10**9  # the same padded batches, never captured
-    graphed.train_round()
-    eager.train_round()
-    assert graphed.captured.failed is None, graphed.captured.failed
-    assert graphed.captured.replays > 0 and eager.captured.replays == 0
-    for (name, p), q in zip(graphed.model.named_parameters(), eager.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    assert_replayed_round_equals_eager(new_run(s, [0, 1, 2], "cuda", cuda_graphs=True),
+                                       new_run(s, [0, 1, 2], "cuda", cuda_graphs=True))  # same padded batches
     # the same masks as a CPU run (counter noise): the device changes only float rounding
     # (SGD: Adam would turn rounding-level gradients into full steps)
     s = spec({"optimizer": "sgd", "lr": 0.1, "max_steps": 10, "eval_every_steps": 10}, input_feeding=feeding)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tests_support import assert_replayed_round_equals_eager
 
 from trainables.data import BOS, EOS
 from trainables.errors import ConfigError
@@ -223,11 +224,4 @@ def test_replayed_training_steps_equal_eager_steps_on_cuda() -> None:
     task = spec.make_task()
     data = task.build(seeds[0].data_seed)
     graphed, eager = (BundleRun(spec, seeds, task, data, "cuda", cuda_graphs=True) for _ in range(2))
-    assert graphed.captured is not None and eager.captured is not None
-    eager.captured.warm_sightings = 10**9  # the same batches and masks, never captured
-    graphed.train_round()
-    eager.train_round()
-    assert graphed.captured.failed is None, graphed.captured.failed
-    assert graphed.captured.replays > 0 and eager.captured.replays == 0
-    for (name, p), q in zip(graphed.model.named_parameters(), eager.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    assert_replayed_round_equals_eager(graphed, eager)
