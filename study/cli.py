@@ -275,25 +275,25 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     the search is and its best candidate so far."""
     from analysis.formatting import format_rows
     from analysis.manifest import point_label
-    from study import manifest
     from study.status import (
         committed_runs,
         last_run_lines,
+        study_manifest,
         study_status,
         tuning_lines,
         tuning_status,
     )
 
-    m = manifest.read(out, name)
+    m = study_manifest(out, name)
     runs = committed_runs(out, name)  # read once: the table and the failure lines both need it
-    tuning = m is not None and m.get("kind") == "tune"
-    rows = tuning_status(out, name, m, runs) if m is not None and tuning else study_status(out, name, runs)
+    tuning = m.get("kind") == "tune"
+    rows = (tuning_status if tuning else study_status)(out, name, m, runs)
     if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
         rows = [{**r, "point": point_label(r["point"])} for r in rows]
     typer.echo(format_rows(rows, fmt))
     if fmt != "table":
         return
-    if m is not None and tuning:
+    if tuning:
         lines = tuning_lines(out, name, rows, m, {r["candidate"]: r["point"] for r in rows})
     else:
         lines = last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}, runs)

@@ -57,9 +57,13 @@ def study_dir(out: Path, name: str) -> Path:
     return Path(out) / name
 
 
+OPTUNA_DB = "optuna.db"
+"""A tuning study's Optuna storage, a SQLite file in its folder."""
+
+
 def storage_url(out: Path, name: str) -> str:
     """The Optuna storage URL of tuning study ``name`` (``optuna trials --storage URL``)."""
-    return f"sqlite:///{(Path(out) / name / 'optuna.db').resolve()}"
+    return f"sqlite:///{(study_dir(out, name) / OPTUNA_DB).resolve()}"
 
 
 def manifest_path(out: Path, name: str) -> Path:

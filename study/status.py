@@ -105,18 +105,29 @@ def _stop_line(record: dict[str, Any]) -> list[str]:
     return [f"last run (ended {_ended(record)}) stopped early: {record['stopped']}"] if record.get("stopped") else []
 
 
-def study_status(out: Path, name: str, runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
-    """One dict per grid point: point, trial_id, planned, done, ok, diverged, not_learned
-    (committed runs whose selection metric never reached the arming level), failed (seeds
-    the last run's failed trials left uncommitted: :func:`last_run`) and pending (the rest).
-    ``runs``: :func:`committed_runs`."""
+def study_manifest(out: Path, name: str) -> dict[str, Any]:
+    """Study ``name``'s manifest, or an error that says where to look."""
     m = manifest.read(out, name)
     if m is None:
         raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
-    status: dict[str, dict[str, int]] = {}
+    return m
+
+
+def _by_config(runs: dict[tuple[str, int], str]) -> dict[str, dict[str, int]]:
+    """trial_id -> run status -> committed runs (``runs``: :func:`committed_runs`)."""
+    counts: dict[str, dict[str, int]] = {}
     for (trial_id, _), run_status in runs.items():
-        d = status.setdefault(trial_id, {})
+        d = counts.setdefault(trial_id, {})
         d[run_status] = d.get(run_status, 0) + 1
+    return counts
+
+
+def study_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """One dict per grid point of seed study ``name`` (manifest ``m``): point, trial_id,
+    planned, done, ok, diverged, not_learned (committed runs whose selection metric never
+    reached the arming level), failed (seeds the last run's failed trials left uncommitted:
+    :func:`last_run`) and pending (the rest). ``runs``: :func:`committed_runs`."""
+    status = _by_config(runs)
     failed: dict[str, int] = {}
     for unit, seeds in _still_failed(last_run(out, name), runs):
         failed[str(unit.get("trial_id"))] = failed.get(str(unit.get("trial_id")), 0) + len(seeds)
@@ -152,17 +163,14 @@ def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str,
     running or waiting one's). Imports Optuna (a seed study's status does not)."""
     import optuna
 
-    db = Path(out) / name / "optuna.db"
+    db = manifest.study_dir(out, name) / manifest.OPTUNA_DB
     if not db.is_file():
         raise StudyStateError(f"tuning study {name!r} has no Optuna storage at {db}. Fix: run `study tune` for it "
                               f"(or restore {db.name} beside its manifest)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=manifest.storage_url(out, name))
     per_candidate = int((m.get("tune") or {}).get("seeds_per_candidate") or 0)
-    by_trial: dict[str, dict[str, int]] = {}
-    for (tid, _), run_status in runs.items():
-        counts = by_trial.setdefault(tid, {})
-        counts[run_status] = counts.get(run_status, 0) + 1
+    by_trial = _by_config(runs)
     rows = []
     for t in study.get_trials(deepcopy=False):
         trial_id = str(t.user_attrs.get("trial_id", ""))

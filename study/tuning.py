@@ -240,7 +240,7 @@ def run_tuning(
     analysis = check_before_ray(cfg, address, num_cpus)
     batch, note = bundle_batch(cfg, block, resolve_device(cfg))
     _check_resume(out, name, block)
-    with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name, also=("optuna.db",)):
+    with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name, also=(manifest_mod.OPTUNA_DB,)):
         if note:
             console.print(note)
         return _tune_locked(cfg, name, out, n_trials, address, num_cpus, block, analysis, batch)
@@ -336,8 +336,8 @@ def _tune_locked(
     if errors or done < n_trials or interrupted:
         again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
         fix = f"re-run `{again}` (or `study resume {name} --out {out}`) to resume"
-        if interrupted and stops is not None and stops.received is not None:
-            why = f"interrupted by {stops.received.name}"
+        if stopped is not None:
+            why = stopped
         elif oom is not None:
             why, fix = str(oom), f"{MEMORY_FIX}, then {fix}"
         elif errors and all(isinstance(e, ConfigRefused) for e in errors):  # resuming cannot help

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -128,6 +129,27 @@ class _PerShape(Generic[G]):
         return entry
 
 
+T = TypeVar("T")
+
+
+def _warm_and_capture(fn: Callable[[], T], undo: Callable[[], None] | None = None, pool: Any = None) -> tuple[Any, T]:
+    """``fn`` run once on a side stream (lazy library state is set up there), ``undo``
+    reverting what that run changed, then ``fn`` captured as a CUDA graph on the same stream
+    (in ``pool``, a :func:`torch.cuda.graph_pool_handle`, where given): the graph and the
+    outputs it writes."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    if undo is not None:
+        undo()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        outputs = fn()
+    return graph, outputs
+
+
 def _static(batch: Any) -> Any:
     """``batch`` with copies of its tensors: the inputs a graph reads, refilled per replay."""
     return dataclasses.replace(batch, **{n: getattr(batch, n).clone() for n in tensor_fields(batch)})
@@ -182,19 +204,14 @@ class CapturedLoss(_PerShape[_Graph]):
         static = _static(batch)
         static_active = active.clone()
         saved = self.noise.state()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up on the capture stream (lazy library state)
+
+        def step() -> torch.Tensor:
             for p in params:
-                p.grad = None
-            self._loss_backward(static, static_active)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.noise.set_state(saved)  # the warm-up's draws did not happen
-        for p in params:
-            p.grad = None  # the graph's backward then writes (not adds) gradients it owns
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            losses = self._loss_backward(static, static_active)
+                p.grad = None  # the graph's backward then writes (not adds) gradients it owns
+            return self._loss_backward(static, static_active)
+
+        # the warm-up's draws did not happen
+        graph, losses = _warm_and_capture(step, undo=lambda: self.noise.set_state(saved))
         return _Graph(graph, static, static_active, losses, [p.grad for p in params])
 
 
@@ -233,14 +250,7 @@ class CapturedEval(_PerShape[_EvalGraph]):
 
     def _capture(self, batch: Any) -> _EvalGraph:
         static = _static(batch)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up on the capture stream (lazy library state)
-            self.model.eval_tensors(static)
-        torch.cuda.current_stream().wait_stream(stream)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            outputs = self.model.eval_tensors(static)
+        graph, outputs = _warm_and_capture(lambda: self.model.eval_tensors(static), pool=self.pool)
         return _EvalGraph(graph, static, outputs)
