@@ -185,6 +185,7 @@ def probe(tmp_path: Path, name: str, **env: str) -> tuple[dict[str, Any], dict[s
     return json.loads(res.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
 
 
+@pytest.mark.slow  # ~12 s: compiles the kernels twice more
 def test_a_portable_build_computes_the_same_bits_as_the_native_build(
     tmp_path: Path,
 ) -> None:
