@@ -108,7 +108,11 @@ def private_token() -> Path | None:
     world-readable). Where token auth is on and no ``RAY_AUTH_TOKEN`` is given, the file
     (``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is created here first with mode 0600,
     holding a token made as Ray makes them (``secrets.token_hex(32)``), or an existing one's
-    group / other permissions are removed. Returns the file's path (``None`` when not used)."""
+    group / other permissions are removed. Returns the file's path (``None`` when not used).
+
+    Two drivers may start at once (two studies, or tests run in parallel): the token is
+    written whole to a private temporary file and then hard-linked into place, so the file
+    never exists half-written and the first link wins; the loser uses the winner's token."""
     if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or os.environ.get("RAY_AUTH_TOKEN"):
         return None
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
@@ -117,9 +121,14 @@ def private_token() -> Path | None:
             path.chmod(0o600)
         return path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        with contextlib.suppress(FileExistsError):  # another driver's token came first
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
     return path
 
 

@@ -146,3 +146,32 @@ def test_user_switch_keeps_ray_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(preflight.LOOPBACK_ENV, "1")
     with preflight.loopback_only():
         assert os.environ[preflight.LOOPBACK_ENV] == "1"
+
+
+def test_drivers_starting_at_once_share_one_whole_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight drivers create the missing token file at once: one whole private token, no
+    error, no temporary file left (the file is linked into place only once written)."""
+    import threading
+
+    token = tmp_path / ".ray" / "auth_token"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    start, seen, errors = threading.Barrier(8), [], []
+
+    def driver() -> None:
+        start.wait()
+        try:
+            seen.append((preflight.private_token(), token.read_text()))
+        except Exception as e:  # noqa: BLE001 -- reported by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=driver) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert {p for p, _ in seen} == {token}
+    assert len({text for _, text in seen}) == 1 and len(seen[0][1]) == 64  # every driver read it whole
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert [p.name for p in token.parent.iterdir()] == ["auth_token"]
