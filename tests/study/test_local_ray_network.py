@@ -162,7 +162,7 @@ def test_drivers_starting_at_once_share_one_whole_token(tmp_path: Path, monkeypa
         start.wait()
         try:
             seen.append((preflight.private_token(), token.read_text()))
-        except Exception as e:  # noqa: BLE001 -- reported by the assert below
+        except Exception as e:  # reported by the assert below
             errors.append(e)
 
     threads = [threading.Thread(target=driver) for _ in range(8)]
