@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,7 +41,6 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path: Path) -> None:
     assert "unknown stage 'contrakt'" in done.stderr and "contract-graphs" in done.stderr
 
 
-@pytest.mark.slow  # ~16 s: a study through Ray, for a script that runs on GPU machines
 def test_a_study_comes_back_as_one_tarball_that_analyzes_here(tmp_path: Path) -> None:
     """The `study` stage on this CPU (a tiny study; the installed packages stand in for the
     kit): its tables come back in `$OUT/results.tgz` (the tool that runs it sends back no

@@ -81,7 +81,6 @@ def test_flags_override_is_honoured_and_keys_the_cache(tmp_path: Path, monkeypat
     assert kernels().path == custom.path and custom.path.stat().st_mtime_ns == stamp  # cached
 
 
-@pytest.mark.slow  # ~8 s: compiles the kernels again
 def test_a_compiler_refusing_march_native_gets_a_portable_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,7 +184,6 @@ def probe(tmp_path: Path, name: str, **env: str) -> tuple[dict[str, Any], dict[s
     return json.loads(res.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
 
 
-@pytest.mark.slow  # ~12 s: compiles the kernels twice more
 def test_a_portable_build_computes_the_same_bits_as_the_native_build(
     tmp_path: Path,
 ) -> None:
