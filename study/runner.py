@@ -39,6 +39,8 @@ from study.preflight import (
     held_stderr,
     loopback_only,
     private_token,
+    shielded_from_sigterm,
+    shutdown_local_ray,
     sync_auth_mode,
     warn_cluster_resources,
 )
@@ -161,7 +163,7 @@ def ray_session(
             connect(address, runtime_env)
     else:
         private_token()
-        with loopback_only():
+        with loopback_only(), shielded_from_sigterm() as started:
             ray.init(
                 # "local": a Ray of this study's own, never the cluster a `ray start` on this
                 # machine left in /tmp/ray/ray_current_cluster (stale or not)
@@ -179,7 +181,10 @@ def ray_session(
     finally:
         stops.closing = True
         try:
-            ray.shutdown()
+            if address:
+                ray.shutdown()
+            else:
+                shutdown_local_ray(started)
         finally:
             stops.restore()
             SIGNALS = None
