@@ -188,7 +188,6 @@ def test_study_runs_on_both_nodes(
     )
 
 
-@pytest.mark.slow  # ~14 s: a worker SIGKILLed mid-trial
 def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
     cluster: Cluster, reference: tuple[str, list[dict]], out: Path
 ) -> None:
@@ -233,7 +232,6 @@ def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
     assert len(got) > 0 and got == want
 
 
-@pytest.mark.slow  # ~30 s; a killed driver's resume also runs locally in test_cli_e2e and test_study_lock
 def test_driver_killed_mid_study_then_resume_finishes(cluster: Cluster, out: Path) -> None:
     name = "killdriver"  # six seeds = three trials on two one-CPU nodes: a third waits
     cluster.ensure_workers(1)
@@ -262,7 +260,6 @@ def test_driver_killed_mid_study_then_resume_finishes(cluster: Cluster, out: Pat
         assert written["committed_at"] == row["committed_at"]
 
 
-@pytest.mark.slow  # ~20 s; a killed worker process is recovered in the default run
 def test_worker_node_removed_mid_study_reschedules_on_remaining_node(
     cluster: Cluster, out: Path
 ) -> None:
