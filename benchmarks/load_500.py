@@ -18,7 +18,7 @@ Wall time depends on what else the machine runs; CPU time much less. So it also 
 monitor, the trial workers) and anything they start. ``getrusage(RUSAGE_CHILDREN)`` cannot
 give it: the raylet ignores SIGCHLD (``SigIgn`` in ``/proc/<pid>/status``), so a worker
 that exits is reaped by the kernel and its CPU time is added to no one. So the tree is
-sampled every 0.2 s (``psutil``, bundled with Ray): each process's own CPU time, the last
+sampled every 0.2 s (``psutil``): each process's own CPU time, the last
 value seen, summed over every process ever seen; what a process spends in its last 0.2 s
 is missed (at Ray's shutdown, mostly). On Linux this script makes itself the *subreaper*
 of the tree (``prctl(PR_SET_CHILD_SUBREAPER)``), so the workers that outlive the raylet
@@ -112,11 +112,8 @@ class TreeCpu:
     sampling interval) are missed, as is a process that lives less than one interval."""
 
     def __init__(self, root: subprocess.Popen[str]) -> None:
-        import importlib
+        import psutil
 
-        import ray  # noqa: F401  puts the psutil bundled with Ray on sys.path
-
-        psutil = importlib.import_module("psutil")
         self.psutil, self.root, self.me = psutil, root, psutil.Process()
         self.seen: dict[tuple[int, float], float] = {}
         """(pid, start time) -> own CPU seconds of that process, as last seen."""

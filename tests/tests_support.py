@@ -63,8 +63,6 @@ def open_report(browser: Any, page_path: Path) -> tuple[Any, list[str]]:
     return page, errors
 
 
-
-
 def assert_replayed_round_equals_eager(graphed: Any, eager: Any) -> None:
     """Two fresh bundles of one config on CUDA with ``execution.cuda_graphs``
     (:class:`~trainables.loop.BundleRun`): ``eager`` never captures (the same batches and
