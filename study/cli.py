@@ -626,10 +626,5 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-def main() -> None:
-    """Console entry point (``study``): see :func:`cli_main`."""
+if __name__ == "__main__":  # ``python -m study.cli``; the console script is study.__main__
     sys.exit(cli_main())
-
-
-if __name__ == "__main__":
-    main()

@@ -111,3 +111,38 @@ def test_the_first_signals_note_is_one_line(capsys: pytest.CaptureFixture[str]) 
     assert stopped == [signal.SIGUSR1] and stops.exit_code == 130
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].endswith("send it again to stop at once"), err
+
+
+def test_ctrl_c_while_the_cli_is_still_importing_exits_130_with_one_line(tmp_path: Path) -> None:
+    """A Ctrl-C in the first ~0.1 s lands in an import. The console script's entry point
+    (``study.__main__:main``) catches it there: exit 130 and one line, no traceback. The
+    interrupt is raised by an import hook at the import of ``study.cli``, exactly where a
+    real SIGINT would surface."""
+    hook = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'study.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['study', 'ls']\n"
+        "from study.__main__ import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 130, done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: interrupted before the command started; nothing ran. Fix: re-run the same command"]
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_console_script_runs_the_cli_through_the_interrupt_safe_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "study"]
+    assert script.value == "study.__main__:main"
+    done = subprocess.run([sys.executable, "-m", "study", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "Commands" in done.stdout, done
