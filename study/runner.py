@@ -220,38 +220,63 @@ def resolve_device(cfg: StudyConfig) -> str:
     return dev
 
 
-def check_plain_models(cfg: StudyConfig) -> None:
-    """Build each distinct plain ``nn.Module`` model (:class:`~trainables.models.plain.PlainModel`,
-    a plugin's usual kind) once, for one seed, on its task's data: what fineline refuses in
-    a module (e.g. ``torch.nn.Dropout``) or a ``build_module`` that fails on the task's
-    ``meta`` is then one error before Ray, not a failure in every trial. Costs one data build
-    per task config (0.01-0.4 s for the shipped studies that use such models)."""
+def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = None) -> None:
+    """Run what trials would run first, once, before Ray: each distinct plugin (task, model)
+    pair is rehearsed on a few examples (:func:`trainables.rehearsal.rehearse`: a training
+    step, an evaluation, every split scored, twice from the same seeds), and each distinct
+    built-in plain ``nn.Module`` model (:class:`~trainables.models.plain.PlainModel`) is
+    built for one seed on its task's data, so what fineline refuses in a module (e.g.
+    ``torch.nn.Dropout``) or a model too large for the machine is one error, not a failure
+    in every trial. Costs one data build per task config (0.01-0.5 s for the shipped
+    studies; ``built`` holds those already made, by task config) and, per plugin pair, a
+    second data build and two steps of a two-seed bundle on 8 examples. A task whose
+    ``rehearsable()`` is False (slow or side-effecting builds) is not built here."""
     from trainables.models.plain import PlainModel
     from trainables.registry import MODELS
+    from trainables.rehearsal import blame, check_data_seeded, is_builtin, needs_rehearsal, rehearse
 
-    metas: dict[str, dict[str, Any]] = {}
-    seen: set[tuple[str, str]] = set()
+    data: dict[str, tuple[Any, Any]] = built if built is not None else {}
+    seen: set[tuple[str, str, str]] = set()
+    seeded: set[str] = set()  # task configs whose build was checked to follow the data seed
     for point in cfg.points:
-        model_cls = MODELS.get(point.spec.model_name)
-        raw = point.spec.to_dict()
-        key = (json.dumps(raw["task"], sort_keys=True), json.dumps(raw["model"], sort_keys=True))
-        if not issubclass(model_cls, PlainModel) or key in seen:
+        spec = point.spec
+        raw = spec.to_dict()
+        key = (json.dumps(raw["task"], sort_keys=True), json.dumps(raw["model"], sort_keys=True),
+               str(spec.train.loss_reduction))
+        plugin = needs_rehearsal(spec)
+        model_cls = MODELS.get(spec.model_name)
+        if key in seen or not (plugin or issubclass(model_cls, PlainModel)):
             continue
         seen.add(key)
-        if key[0] not in metas:
-            metas[key[0]] = point.spec.make_task().build(0).meta
+        if plugin and not spec.make_task().rehearsable():
+            continue
+        if key[0] not in data:
+            task = spec.make_task()
+            with blame(spec, "building the task's data (data seed 0)", "task"):
+                data[key[0]] = (task, task.build(0))
+        task, task_data = data[key[0]]
+        if plugin and not is_builtin(type(task)) and key[0] not in seeded:
+            seeded.add(key[0])
+            check_data_seeded(spec, task, task_data)
+        where = f" (grid point {point.values})" if point.values else ""
         try:
-            model_cls(point.spec.model, metas[key[0]], 1)
+            if plugin:
+                rehearse(spec, task, task_data)
+            else:
+                model_cls(spec.model, task_data.meta, 1)
         except (MemoryError, RuntimeError) as exc:  # torch's allocator refuses with a RuntimeError
             text = str(exc)
             if not isinstance(exc, MemoryError) and "allocate" not in text and "overflow" not in text:
                 raise
-            where = f" (grid point {point.values})" if point.values else ""
             short = re.sub(r"^.*?(can't allocate|Storage size)", r"\1", text.splitlines()[0])[:160]
             raise ConfigError(
-                "model", f"model {point.spec.model_name!r} cannot be built for one seed on this machine{where}: "
+                "model", f"model {spec.model_name!r} cannot be built for one seed on this machine{where}: "
                 f"{short}", "lower its sizes (the model block's widths / layers)",
             ) from None
+        except ConfigError as exc:
+            if not where:
+                raise
+            raise ConfigError(exc.field, f"{exc.problem}{where}", exc.fix) from None
 
 
 def check_device(cfg: StudyConfig) -> None:
@@ -280,16 +305,28 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     Returns the task facts the manifest records: ``analysis`` (what the task wants
     analysed and drawn) and ``splits`` (name and role of each split, in order).
     """
+    from trainables.rehearsal import blame
+
+    from trainables.tasks.base import Task
+
     roles_of: dict[str, dict[str, str]] = {}  # one check and one split_roles per task config
+    built: dict[str, tuple[Any, Any]] = {}  # task config -> (task, its data for data seed 0)
     for point in cfg.points:
         key = json.dumps(point.spec.to_dict()["task"], sort_keys=True)
         if key not in roles_of:
             task = point.spec.make_task()
-            task.check()
-            roles_of[key] = dict(task.split_roles())
+            with blame(point.spec, "the task's check()", "task"):
+                task.check()
+            if type(task).split_roles is Task.split_roles:  # the default builds the data: keep it
+                with blame(point.spec, "building the task's data (data seed 0)", "task"):
+                    built[key] = (task, task.build(0))
+                roles_of[key] = {name: split.role for name, split in built[key][1].splits.items()}
+            else:
+                with blame(point.spec, "the task's split_roles()", "task"):
+                    roles_of[key] = dict(task.split_roles())
         point.spec.check_splits(roles_of[key])
     check_bundles(cfg)
-    check_plain_models(cfg)
+    check_pairs(cfg, built)
     from trainables.trackers import check_loggers
 
     check_loggers(cfg.execution.loggers)  # unknown tracker, or its package not installed

@@ -203,6 +203,15 @@ class Arrays:
 SplitData = SeqPairs | SeqTags | Arrays
 
 
+def head(data: SplitData, n: int) -> SplitData:
+    """The first ``n`` examples of ``data``, in the same container (ids kept)."""
+    if isinstance(data, Arrays):
+        return Arrays(x=data.x[:n], y=data.y[:n], ids=data.ids[:n])
+    if isinstance(data, SeqPairs):
+        return SeqPairs(src=list(data.src[:n]), tgt=list(data.tgt[:n]), ids=data.ids[:n])
+    return SeqTags(x=list(data.x[:n]), y=list(data.y[:n]), ids=data.ids[:n])
+
+
 @dataclass
 class Split:
     """One named split of a task's data, with its role."""

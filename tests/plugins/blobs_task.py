@@ -86,6 +86,10 @@ class Blobs(Task):
         """Without building (the driver asks; a build would join the rendezvous)."""
         return dict(ROLES)
 
+    def rehearsable(self) -> bool:
+        """Not with a rendezvous: the driver's build would count as one of the two runs."""
+        return self.config.rendezvous is None
+
     def score(self, split: Split, predictions: Sequence[Any]) -> dict[str, np.ndarray]:
         predicted = np.array([int(np.argmax(p)) for p in predictions])
         return {"accuracy": (predicted == split.data.y).astype(np.float64)}  # type: ignore[union-attr]

@@ -113,6 +113,11 @@ class PlainModel(Model):
         super().__init__(config, meta, k)
         with torch.random.fork_rng(devices=[]):
             module = self.build_module(config, meta)
+        if not isinstance(module, nn.Module):
+            raise ConfigError(
+                "model", f"{self.name!r}: build_module returned {type(module).__name__}, not a torch.nn.Module",
+                "return the module one seed uses (e.g. nn.Sequential(...)), built from config and meta",
+            )
         _refuse_torch_dropout(self.name, module)
         self.net = stack_module(module, k)
         self._probed: dict[tuple[Any, ...], tuple[DropoutCall, ...]] = {}
@@ -321,7 +326,17 @@ def _tensor_values(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _refuse_torch_dropout(model: str, module: nn.Module) -> None:
+    """Refuse what would make a seed's result depend on its bundle: torch's dropout layers
+    (one generator) and norms with running statistics (one state, changed by each step)."""
     for path, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._NormBase) and sub.track_running_stats:
+            raise ConfigError(
+                "model",
+                f"{model!r}: module {path or '(root)'} is torch.nn.{type(sub).__name__} with running "
+                "statistics, buffers each training step changes in place: in a bundle they are one "
+                "state for every seed, so a seed's result would depend on its bundle",
+                "use a normalisation without running statistics (nn.LayerNorm, nn.GroupNorm)",
+            )
         if isinstance(sub, TORCH_DROPOUTS):
             raise ConfigError(
                 "model",
@@ -354,7 +369,18 @@ class PlainClassifier(PlainModel, BundledClassifier):  # type: ignore[misc]
 
     def forward(self, batch: ClassifyBatch, noise: MemberNoise | None = None) -> torch.Tensor:
         """Logits ``(K, B, C)``; ``noise`` None: evaluation."""
-        return self.run_members(batch.x, noise=noise)  # type: ignore[no-any-return]
+        logits: torch.Tensor = self.run_members(batch.x, noise=noise)
+        b = batch.x.shape[1]
+        c = self.meta.get("n_classes")
+        if logits.dim() != 3 or logits.shape[1] != b or (c is not None and logits.shape[2] != int(c)):
+            want = f"({b}, {int(c)})" if c is not None else f"({b}, n_classes)"
+            raise ConfigError(
+                "model",
+                f"{self.name!r}: build_module's module maps a batch {tuple(batch.x.shape[1:])} to "
+                f"{tuple(logits.shape[1:])}; a classifier's module returns logits (batch, n_classes) = {want}",
+                "keep the batch dimension first and give the last layer meta['n_classes'] outputs",
+            )
+        return logits
 
     def loss(self, batch: ClassifyBatch, noise: MemberNoise | None, reduction: str) -> torch.Tensor:
         """Per-member loss ``(K,)``, dropout masks from ``noise``."""

@@ -168,6 +168,13 @@ class Task(ABC):
     def check(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Validate the config against the filesystem before any Ray work starts."""
 
+    def rehearsable(self) -> bool:
+        """Whether the driver may build this config's data (``build(0)``, twice) before Ray
+        starts, to rehearse a plugin's pair on a few examples (:mod:`trainables.rehearsal`).
+        Return False where a build is slow (a large dataset read from disk) or has side
+        effects; the pair's contract suite is then its only check before a study."""
+        return True
+
     def split_roles(self) -> dict[str, Role]:
         """Split name -> role, without training (default: builds the data once)."""
         return {name: split.role for name, split in self.build(0).splits.items()}

@@ -1,0 +1,149 @@
+"""A plugin pair's rehearsal before Ray (``trainables.rehearsal``), through the real CLI:
+each mistake a plugin author makes that would fail every trial inside Ray, or worse run
+and store wrong results, is one line (exit 2) naming the pair, what is wrong and the fix,
+and nothing is written to OUT. Each case appends a faulty task or model to the blobs
+plugin; the same study with the plugin's good pair runs (test_plugins_cli, cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.study.test_plugins_cli import BASE, PLUGIN, refused, study, with_
+
+HEAD = """
+import random
+import numpy as np
+import torch
+from torch import nn
+from trainables.models.mlp_plain import MLPPlainConfig
+from trainables.models.plain import PlainClassifier
+from trainables.registry import MODELS, TASKS
+
+
+class Model(PlainClassifier):
+    Config = MLPPlainConfig
+    width = 2  # outputs of the last layer
+
+    def build_module(self, config, meta):
+        return nn.Sequential(nn.Linear(meta["input_shape"][0], 8), nn.ReLU(), nn.Linear(8, self.width))
+"""
+
+CASES: dict[str, tuple[str, dict[str, Any], str]] = {
+    # name: (source appended, study blocks, what the one error line says)
+    "five outputs for two classes": (
+        "@MODELS.register\nclass Wide(Model):\n    name = 'wide'\n    width = 5\n",
+        {"model": {"name": "wide"}},
+        "error: model: 'wide': build_module's module maps a batch (8, 2) to (8, 5); a classifier's "
+        "module returns logits (batch, n_classes) = (8, 2)",
+    ),
+    "Python's random in forward": (
+        "class Noisy(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(2, 2)\n"
+        "    def forward(self, x):\n        return self.lin(x) * (1 + random.random())\n"
+        "@MODELS.register\nclass PyRandom(Model):\n    name = 'py_random'\n"
+        "    def build_module(self, config, meta):\n        return Noisy()\n",
+        {"model": {"name": "py_random"}},
+        "error: model: task 'blobs' with model 'py_random': two runs from the same seeds give different "
+        "training losses: something draws random numbers from a generator that is not the seed's",
+    ),
+    "BatchNorm's running statistics": (
+        "@MODELS.register\nclass Normed(Model):\n    name = 'normed'\n"
+        "    def build_module(self, config, meta):\n"
+        "        return nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))\n",
+        {"model": {"name": "normed"}},
+        "error: model: 'normed': module 1 is torch.nn.BatchNorm1d with running statistics",
+    ),
+    "a buffer changed by training": (
+        "class Counting(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(2, 2)\n        self.register_buffer('calls', torch.zeros(()))\n"
+        "    def forward(self, x):\n        if self.training:\n            self.calls.add_(1)\n"
+        "        return self.lin(x)\n"
+        "@MODELS.register\nclass Counts(Model):\n    name = 'counts'\n"
+        "    def build_module(self, config, meta):\n        return Counting()\n",
+        {"model": {"name": "counts"}},
+        "error: model: model 'counts': buffer 'calls' changes in a training step",
+    ),
+    "build_module returning a function": (
+        "@MODELS.register\nclass NotModule(Model):\n    name = 'not_module'\n"
+        "    def build_module(self, config, meta):\n        return lambda x: x\n",
+        {"model": {"name": "not_module"}},
+        "error: model: 'not_module': build_module returned function, not a torch.nn.Module",
+    ),
+    "a score() that raises": (
+        "@TASKS.register\nclass BadScore(Blobs):\n    name = 'bad_score'\n"
+        "    def score(self, split, predictions):\n        return {'accuracy': split.data.labels}\n",
+        {"task": {"name": "bad_score", "n": 64}},
+        "error: task: task 'bad_score' with model 'mlp': the first training step (and its evaluation "
+        "round) fails with AttributeError: 'Arrays' object has no attribute 'labels' (at ",
+    ),
+    "a metric score() returns but metrics does not declare": (
+        "@TASKS.register\nclass Extra(Blobs):\n    name = 'extra_metric'\n"
+        "    def score(self, split, predictions):\n"
+        "        return {**super().score(split, predictions), 'err': np.zeros(len(split))}\n",
+        {"task": {"name": "extra_metric", "n": 64}},
+        "error: task: task 'extra_metric' with model 'mlp' produces metrics ['err'] that are not declared",
+    ),
+    "labels beyond n_classes": (
+        "@TASKS.register\nclass Shifted(Blobs):\n    name = 'shifted'\n"
+        "    def build(self, data_seed):\n        data = super().build(data_seed)\n"
+        "        data.splits['test'].data.y[:] += 1\n        return data\n",
+        {"task": {"name": "shifted", "n": 64}},
+        "error: task: task 'shifted': split 'test' has labels [2] outside 0..1 (its meta n_classes is 2)",
+    ),
+    "data that ignores the data seed": (
+        "@TASKS.register\nclass Unseeded(Blobs):\n    name = 'unseeded'\n"
+        "    def build(self, data_seed):\n        return super().build(random.randrange(10**6))\n",
+        {"task": {"name": "unseeded", "n": 64}},
+        "error: task: task 'unseeded': two builds with data seed 0 give different data (split 'train')",
+    ),
+    "a build that cannot find its file": (
+        "@TASKS.register\nclass Reads(Blobs):\n    name = 'reads'\n"
+        "    def build(self, data_seed):\n        open('/nonexistent/blobs.csv')\n",
+        {"task": {"name": "reads", "n": 64}},
+        "error: task: task 'reads' with model 'mlp': building the task's data (data seed 0) fails with "
+        "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/blobs.csv' (at ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_plugin_mistake_is_one_error_before_ray(tmp_path: Path, case: str) -> None:
+    source, blocks, expected = CASES[case]
+    home, cwd = tmp_path / "study", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    (home / PLUGIN.name).write_text(PLUGIN.read_text() + HEAD + source)
+    line = refused(home, cwd, with_(BASE, **blocks))
+    assert line.startswith(expected), line
+    assert "Fix: " in line
+    if "(at " in expected:  # the plugin's own line, not fineline's or a library's
+        assert f"(at {home / PLUGIN.name}:" in line, line
+
+
+def test_a_task_that_is_not_rehearsable_is_not_built_before_ray(tmp_path: Path) -> None:
+    """``Task.rehearsable()`` False (a slow or side-effecting build): the driver does not
+    build it; the study runs, its trials build the data."""
+    home, cwd = tmp_path / "study", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    marks = tmp_path / "builds"
+    marks.mkdir()
+    source = (
+        "import os\n@TASKS.register\nclass Counted(Blobs):\n    name = 'counted'\n"
+        f"    def build(self, data_seed):\n        open(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\n"
+        "        return super().build(data_seed)\n"
+        "    def rehearsable(self):\n        return False\n"
+    )
+    (home / PLUGIN.name).write_text(PLUGIN.read_text() + HEAD + source)
+    cfg = with_(BASE, task={"name": "counted", "n": 64}, seeds={"count": 1})
+    (home / "study.yaml").write_text(yaml.safe_dump(cfg))
+    import os
+
+    res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
+    assert res.returncode == 0, res.stderr
+    assert str(os.getpid()) not in os.listdir(marks)
+    assert len(os.listdir(marks)) >= 1, "the trial builds the data"
