@@ -337,6 +337,9 @@ def _plugins(value: Any) -> tuple[str, ...]:
         raise ConfigError("plugins", f"must be a list of module names, got {value!r}",
                           "write e.g. `plugins: [my_task, mypkg.models]`")
     for v in value:
+        if v.endswith(".py"):
+            raise ConfigError("plugins", f"{v!r} is a file name, not a module name",
+                              f"write the module's name without .py: `plugins: [{v.removesuffix('.py')}]`")
         if not MODULE_RE.match(v):
             raise ConfigError("plugins", f"{v!r} is not a module name",
                               "give importable module names (no paths, no .py): e.g. `my_task`")

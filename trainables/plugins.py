@@ -17,13 +17,16 @@ ways to name one, and the built-ins use the first:
   imports them again before any lookup (:func:`import_modules`).
 
 A plugin that fails to import is one :class:`PluginError` that names it, where it came
-from and the fix; a name registered twice names both sources (see the registry).
+from and the fix; a name registered twice names both sources (see the registry). An
+installed plugin (entry point) that fails to import is a warning instead: its tasks and
+models are unavailable, and a study that names one of them is refused with that error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import importlib.metadata as md
 import sys
 import sysconfig
@@ -34,6 +37,8 @@ from pathlib import Path
 from types import ModuleType
 
 from trainables.errors import FinelineError
+
+log = logging.getLogger(__name__)
 
 GROUP = "fineline.plugins"
 """The entry-point group fineline reads."""
@@ -68,6 +73,9 @@ class _Loader:
         self.entry_points_loaded = False
         self.loaded: dict[str, Origin] = {}
         self.current: Origin | None = None
+        self.broken: dict[str, str] = {}
+        """Installed plugins that failed to import: origin -> the error (a warning, not fatal:
+        a study that names none of their tasks and models runs without them)."""
 
     @contextlib.contextmanager
     def loading(self, origin: Origin) -> Iterator[None]:
@@ -93,11 +101,11 @@ class _Loader:
             except SystemExit as exc:  # a script's sys.exit() or argparse at import time
                 raise PluginError(
                     f"plugin {origin} called sys.exit({exc.code!r}) while being imported"
-                    f"{_last_frame(exc)}. Fix: a plugin module only defines and registers: move its "
+                    f"{_last_frame(exc, name)}. Fix: a plugin module only defines and registers: move its "
                     f"script code under `if __name__ == \"__main__\":`; or {found_fix or fix}"
                 ) from None
             except Exception as exc:
-                where = _last_frame(exc)
+                where = _last_frame(exc, name)
                 absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
                 if absent and (name == absent or name.startswith(absent + ".")):
                     advice = fix
@@ -129,11 +137,17 @@ class _Loader:
             dist = ep.dist
             label = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
             origin = Origin(ep.value, f"entry point {ep.name!r} of {label}")
-            fix = (
-                f"fix the module or reinstall {label}; or uninstall it "
-                f"(`pip uninstall {dist.name if dist else ep.name}`) to run without it"
-            )
-            self.import_module(ep.value.split(":")[0], origin, fix)
+            uninstall = f"uninstall it (`pip uninstall {dist.name if dist else ep.name}`) to run without it"
+            fix = f"fix the module or reinstall {label}; or {uninstall}"
+            if _dist(ep) == BUILTIN_DIST:
+                self.import_module(ep.value.split(":")[0], origin, fix)
+                continue
+            try:  # another package's plugin: a broken one must not stop studies that do not use it
+                self.import_module(ep.value.split(":")[0], origin, fix)
+            except PluginError as exc:
+                text = str(exc) if uninstall in str(exc) else f"{exc}; or {uninstall}"
+                self.broken[str(origin)] = text
+                log.warning("warning: %s (its tasks and models are unavailable)", text)
 
 
 LOADER = _Loader()
@@ -143,12 +157,21 @@ def _dist(ep: md.EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else ""
 
 
-def _last_frame(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
-    if not ours:
+def _last_frame(exc: BaseException, module: str | None = None) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame in the plugin's own files (``module``'s
+    top-level package), else the innermost outside the standard library and installed
+    libraries (a pydantic error raised for a plugin's class names the plugin's line, not
+    pydantic's), else the innermost of all."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and f.filename != __file__]
+    top = (module or "").split(".")[0]
+    library = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) + "/" for k in ("stdlib", "purelib", "platlib"))
+    own = [f for f in frames if top and (f"/{top}/" in f.filename or f.filename.endswith(f"/{top}.py"))]
+    outside = [f for f in frames if not str(Path(f.filename).resolve()).startswith(library)]
+    chosen = own or outside or frames
+    if not chosen:
         return ""
-    f = ours[-1]
+    f = chosen[-1]
     return f" (at {f.filename}:{f.lineno})"
 
 

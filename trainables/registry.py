@@ -120,9 +120,11 @@ class Registry(Generic[T]):
         load_entry_points()
         if name not in self._items:
             valid = ", ".join(sorted(self._items)) or "(none)"
+            broken = "; ".join(LOADER.broken.values())
             raise ConfigError(
                 self.field,
-                f"unknown {self.kind} {name!r}",
+                f"unknown {self.kind} {name!r}"
+                + (f" (an installed plugin that may provide it failed to import: {broken})" if broken else ""),
                 f"use one of: {valid}; a {self.kind} from another package must be installed "
                 f"(entry point) or listed under `plugins:` in the study file (docs/plugins.md)",
             )

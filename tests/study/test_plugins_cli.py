@@ -210,4 +210,50 @@ def test_a_plain_model_with_torch_dropout_is_refused_before_ray(folders: tuple[P
 
 def test_plugins_must_be_module_names(folders: tuple[Path, Path]) -> None:
     line = refused(*folders, with_(BASE, plugins=["./blobs_task.py"]))
-    assert line.startswith("error: plugins: './blobs_task.py' is not a module name"), line
+    assert line.startswith("error: plugins: './blobs_task.py' is a file name, not a module name"), line
+    line = refused(*folders, with_(BASE, plugins=["blobs_task.py"]))
+    assert line == ("error: plugins: 'blobs_task.py' is a file name, not a module name. Fix: write the "
+                    "module's name without .py: `plugins: [blobs_task]`"), line
+    line = refused(*folders, with_(BASE, plugins=["./blobs_task"]))
+    assert line.startswith("error: plugins: './blobs_task' is not a module name"), line
+
+
+def broken_installed_plugin(root: Path) -> dict[str, str]:
+    """A distribution ``broken-plugin 1.0`` on ``PYTHONPATH`` (a dist-info folder, as pip
+    writes it, found by importlib.metadata) whose entry point imports a missing package."""
+    site = root / "site"
+    info = site / "broken_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[fineline.plugins]\nbroken = broken_plugin\n")
+    (site / "broken_plugin.py").write_text("import fineline_missing_dependency\n")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def test_a_broken_installed_plugin_is_a_warning_for_studies_that_do_not_use_it(
+    folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: one broken installed plugin stopped every command, `study plugins` included.
+    Now its tasks and models are unavailable, with a warning naming it and both fixes; a
+    study naming something it might provide is refused with its error."""
+    home, cwd = folders
+    for key, value in broken_installed_plugin(cwd.parent).items():
+        monkeypatch.setenv(key, value)
+    listed = study(cwd, "plugins", "--format", "csv")
+    assert listed.returncode == 0, listed.stderr
+    assert "symbol_rewriting" in listed.stdout
+    (warning,) = [ln for ln in listed.stderr.splitlines() if ln.strip()]
+    assert warning.startswith("warning: plugin broken_plugin (entry point 'broken' of broken-plugin 1.0) "
+                              "failed to import: ModuleNotFoundError"), warning
+    assert "install the package that provides `fineline_missing_dependency`" in warning
+    assert "pip uninstall broken-plugin" in warning and "unavailable" in warning
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, model={"name": "broken_mlp"})))
+    res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"))
+    assert res.returncode == 2, res.stderr
+    error = res.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: model.name: unknown model 'broken_mlp' (an installed plugin that may "
+                            "provide it failed to import: plugin broken_plugin"), error
+    assert not (cwd / "results").exists()
+    ok = study(cwd, "run", str(home / "study.yaml"), "model.name=mlp", "seeds.count=1", "--out",
+               str(cwd / "results"), "--num-cpus", "1")
+    assert ok.returncode == 0, ok.stderr
