@@ -235,7 +235,31 @@ def check_address(address: str) -> str:
     except OSError as exc:
         why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
         raise ConfigError("--address", f"no Ray cluster answers at {address} ({why})", DEAD_FIX) from None
+    if not speaks_grpc(f"{match['host']}:{port}"):
+        raise ConfigError(
+            "--address",
+            f"something accepts connections at {address} but does not answer as a Ray cluster (no "
+            f"gRPC reply within {PROBE_TIMEOUT_S:g} s; Ray itself would retry it for ever)",
+            "check the port: give the head node's GCS port (6379 unless `ray start --head --port` "
+            "set another; `ray status --address ADDRESS` shows it), or omit --address for a local Ray",
+        )
     return address
+
+
+def speaks_grpc(target: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """True if ``host:port`` completes a gRPC (HTTP/2) handshake within ``timeout`` seconds,
+    as a Ray GCS or Ray client server does; an HTTP/1 server or another protocol never does.
+    No call is made, so no auth token is needed."""
+    import grpc  # Ray's own dependency
+
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 def sync_auth_mode() -> None:

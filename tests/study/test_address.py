@@ -1,0 +1,43 @@
+"""``--address`` naming something that is not a Ray cluster: refused within seconds, before
+anything is written, where Ray itself retries for ever."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.study.test_bad_inputs import TINY, check_refused, run_cli, write
+
+
+class Quiet(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # the server's log is not the CLI's stderr
+        pass
+
+
+def test_an_address_whose_port_answers_but_not_as_ray_is_refused_in_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an HTTP server on the port passed the TCP check, then ``ray.init`` printed
+    "Failed to connect to GCS" for ever (still running after 300 s) and left the manifest
+    and lock in OUT. Now the gRPC handshake Ray's GCS would complete is tried first."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "results"
+        address = f"127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--address", address], capsys)
+        took = time.monotonic() - t0
+    finally:
+        server.shutdown()
+        server.server_close()
+    line = check_refused(rc, err, f"error: --address: something accepts connections at {address} but "
+                         "does not answer as a Ray cluster", out, None)
+    assert rc == 2, line
+    assert "Fix: check the port" in line
+    assert took < 60, took
+    assert not out.exists()
