@@ -12,11 +12,13 @@ module (which imports the task and model machinery) is only imported for type ch
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -218,6 +220,17 @@ def prepare(
             f"--name to start a separate study, or restore the original config (file and "
             f"overrides; `study resume {name}` reruns the recorded one) to resume it."
         )
+    code = plugin_code(cfg)
+    changed = changed_plugin_code(old, code)
+    if changed and committed(out, name):
+        from rich.console import Console
+
+        Console(stderr=True).print(
+            f"warning: the plugin code of study {name!r} changed since its committed runs ("
+            + "; ".join(changed) + "): the runs trained from now on use the new code, and the trials "
+            "table's versions_json tells them apart. To keep them apart, run the changed code under "
+            "a new --name", soft_wrap=True, highlight=False, markup=False,
+        )
     now = dt.datetime.now(dt.UTC).isoformat()
     first = cfg.points[0].spec
     seeds = max(p.seeds.count for p in cfg.points)
@@ -234,6 +247,7 @@ def prepare(
         "overrides": list(cfg.overrides),
         "plugin_dir": cfg.plugin_dir,
         "plugins": plugin_sources(cfg),
+        "plugin_code": code,
         "config_hash": cfg.identity_hash,
         "created_at": (old or {}).get("created_at", now),
         "updated_at": now,
@@ -297,6 +311,47 @@ def plugin_sources(cfg: StudyConfig) -> dict[str, str]:
         out[f"task {p.spec.task_name}"] = TASKS.entry(p.spec.task_name).source
         out[f"model {p.spec.model_name}"] = MODELS.entry(p.spec.model_name).source
     return out
+
+
+def plugin_code(cfg: StudyConfig) -> dict[str, str]:
+    """The code of the study's plugin tasks and models, by name (``task X`` / ``model Y``):
+    the distribution and version that installed it, if any, and a SHA-256 over the ``.py``
+    files of the package (or module) that defines the class. fineline's own classes are
+    covered by ``version`` and ``git_sha``."""
+    from importlib.metadata import packages_distributions, version
+
+    from trainables.registry import MODELS, TASKS
+
+    dists = packages_distributions()
+    out: dict[str, str] = {}
+    for p in cfg.points:
+        for kind, cls in (("task", TASKS.get(p.spec.task_name)), ("model", MODELS.get(p.spec.model_name))):
+            top_name = cls.__module__.split(".")[0]
+            if top_name == "trainables" or f"{kind} {cls.name}" in out:  # type: ignore[attr-defined]
+                continue
+            top = sys.modules[top_name]
+            paths = list(getattr(top, "__path__", None) or [])
+            files = sorted(Path(paths[0]).rglob("*.py")) if paths else [Path(str(top.__file__))]
+            digest = hashlib.sha256()
+            for f in files:
+                digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            installed = [f"{d} {version(d)}" for d in dists.get(top_name, [])]
+            where = ", ".join(installed) or (files[0].name if not paths else f"{top_name}/")
+            out[f"{kind} {cls.name}"] = f"{where}, sha256:{digest.hexdigest()[:16]}"  # type: ignore[attr-defined]
+    return out
+
+
+def run_versions(cfg: StudyConfig) -> dict[str, str]:
+    """What a trial row's ``versions_json`` records: :func:`versions` and, as ``plugin task
+    X`` / ``plugin model Y``, the plugin code (:func:`plugin_code`)."""
+    return versions() | {f"plugin {k}": v for k, v in plugin_code(cfg).items()}
+
+
+def changed_plugin_code(old: dict[str, Any] | None, now: dict[str, str]) -> list[str]:
+    """``key: was -> now`` for each plugin whose code differs from what ``old`` (a manifest)
+    recorded."""
+    before = (old or {}).get("plugin_code") or {}
+    return [f"{k}: {before[k]} -> {v}" for k, v in sorted(now.items()) if k in before and before[k] != v]
 
 
 def _old_count(old: dict[str, Any] | None, trial_id: str) -> int:

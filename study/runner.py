@@ -220,20 +220,26 @@ def resolve_device(cfg: StudyConfig) -> str:
     return dev
 
 
-def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = None) -> None:
-    """Run what trials would run first, once, before Ray: each distinct plugin (task, model)
-    pair is rehearsed on a few examples (:func:`trainables.rehearsal.rehearse`: a training
-    step, an evaluation, every split scored, twice from the same seeds), and each distinct
-    built-in plain ``nn.Module`` model (:class:`~trainables.models.plain.PlainModel`) is
-    built for one seed on its task's data, so what fineline refuses in a module (e.g.
-    ``torch.nn.Dropout``) or a model too large for the machine is one error, not a failure
-    in every trial. Costs one data build per task config (0.01-0.5 s for the shipped
-    studies; ``built`` holds those already made, by task config) and, per plugin pair, a
-    second data build and two steps of a two-seed bundle on 8 examples. A task whose
-    ``rehearsable()`` is False (slow or side-effecting builds) is not built here."""
-    from trainables.models.plain import PlainModel
-    from trainables.registry import MODELS
-    from trainables.rehearsal import blame, check_data_seeded, is_builtin, needs_rehearsal, rehearse
+def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = None,
+                local: bool = True) -> None:
+    """Run what trials would run first, once, before Ray, for each distinct (task, model):
+
+    * the model is sized on torch's ``meta`` device (:func:`~trainables.rehearsal.seed_bytes`;
+      nothing allocated): one seed that cannot train in this machine's available memory is
+      refused for a local Ray (``local``); on a cluster, whose nodes may hold more, it is
+      only not built here;
+    * a plugin's pair is rehearsed on a few examples (:func:`~trainables.rehearsal.rehearse`:
+      a training step, an evaluation, every split scored, twice from the same seeds) after
+      its task's data is checked to follow the data seed.
+
+    So a mistake is one error, not a failure in every trial. Costs one data build per task
+    config (0.01-0.5 s for the shipped studies; ``built`` holds those already made, by task
+    config) and, per plugin pair, a second data build and two steps of a two-seed bundle on
+    8 examples. A plugin task whose ``rehearsable()`` is False (slow or side-effecting
+    builds) is not built here."""
+    import psutil
+
+    from trainables.rehearsal import blame, check_data_seeded, is_builtin, needs_rehearsal, rehearse, seed_bytes
 
     data: dict[str, tuple[Any, Any]] = built if built is not None else {}
     seen: set[tuple[str, str, str]] = set()
@@ -242,16 +248,14 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
         spec = point.spec
         raw = spec.to_dict()
         key = (json.dumps(raw["task"], sort_keys=True), json.dumps(raw["model"], sort_keys=True),
-               str(spec.train.loss_reduction))
+               f"{spec.train.loss_reduction} {spec.train.optimizer} {spec.train.momentum}")
         plugin = needs_rehearsal(spec)
-        model_cls = MODELS.get(spec.model_name)
-        if key in seen or not (plugin or issubclass(model_cls, PlainModel)):
+        if key in seen:
             continue
         seen.add(key)
-        if plugin and not spec.make_task().rehearsable():
+        if not is_builtin(type(task := spec.make_task())) and not task.rehearsable():
             continue
         if key[0] not in data:
-            task = spec.make_task()
             with blame(spec, "building the task's data (data seed 0)", "task"):
                 data[key[0]] = (task, task.build(0))
         task, task_data = data[key[0]]
@@ -260,19 +264,19 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
             check_data_seeded(spec, task, task_data)
         where = f" (grid point {point.values})" if point.values else ""
         try:
-            if plugin:
+            with blame(spec, "building the model (sized on torch's meta device)"):
+                params, need = seed_bytes(spec, task_data.meta)
+            free = psutil.virtual_memory().available
+            if need > free and local:
+                raise ConfigError(
+                    "model", f"model {spec.model_name!r} has {params:,} parameters per seed: training one "
+                    f"seed needs about {need / 2**30:.1f} GiB (parameters, gradients, optimizer state, the "
+                    f"selected copy), more than the {free / 2**30:.1f} GiB this machine has available",
+                    "lower its sizes (`study plugins --fields` lists the model's fields), or run on a "
+                    "cluster whose nodes hold more with --address",
+                )
+            if plugin and 2 * need <= free:  # the rehearsal trains two seeds on this machine
                 rehearse(spec, task, task_data)
-            else:
-                model_cls(spec.model, task_data.meta, 1)
-        except (MemoryError, RuntimeError) as exc:  # torch's allocator refuses with a RuntimeError
-            text = str(exc)
-            if not isinstance(exc, MemoryError) and "allocate" not in text and "overflow" not in text:
-                raise
-            short = re.sub(r"^.*?(can't allocate|Storage size)", r"\1", text.splitlines()[0])[:160]
-            raise ConfigError(
-                "model", f"model {spec.model_name!r} cannot be built for one seed on this machine{where}: "
-                f"{short}", "lower its sizes (the model block's widths / layers)",
-            ) from None
         except ConfigError as exc:
             if not where:
                 raise
@@ -326,7 +330,7 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
                     roles_of[key] = dict(task.split_roles())
         point.spec.check_splits(roles_of[key])
     check_bundles(cfg)
-    check_pairs(cfg, built)
+    check_pairs(cfg, built, local=address is None)
     from trainables.trackers import check_loggers
 
     check_loggers(cfg.execution.loggers)  # unknown tracker, or its package not installed
@@ -446,7 +450,7 @@ def _run_locked(
 ) -> dict[str, int]:
     """:func:`run_study` once its inputs are checked and this driver holds the study's lock."""
     manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
-    meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.versions()}
+    meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.run_versions(cfg)}
     device = resolve_device(cfg)
     from study.check import quarantine_damaged
 

@@ -115,7 +115,7 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "git_sha": manifest_mod.git_sha(),
-        "versions_json": json.dumps(manifest_mod.versions()),
+        "versions_json": json.dumps(manifest_mod.run_versions(cfg)),
         "space_keys": list(block.space),
         "objective": {**block.objective.model_dump(), "direction": block.direction},
     }

@@ -154,6 +154,22 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:240]
 
 
+def seed_bytes(spec: RunSpec, meta: dict[str, Any]) -> tuple[int, int]:
+    """``(parameters, bytes)`` one seed of ``spec`` holds in training, counted on torch's
+    ``meta`` device (nothing allocated, so a model far too large for the machine is measured,
+    not built): its parameters and buffers, their gradients, the optimizer's state (Adam:
+    two moments; SGD with momentum: one) and the selected state a run keeps. Activations come
+    on top. The model's own refusals (a size its task cannot take) are raised as they are."""
+    model_cls = MODELS.get(spec.model_name)
+    with torch.device("meta"):
+        model = model_cls(spec.model, meta, 1)
+    params = sum(p.numel() for p in model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    states = {"adam": 2, "adamw": 2}.get(spec.train.optimizer, 1 if spec.train.momentum else 0)
+    return params, param_bytes * (3 + states) + buffer_bytes * 2
+
+
 def check_labels(spec: RunSpec, data: TaskData) -> None:
     """A classification task's labels lie in ``0 .. meta['n_classes'] - 1``."""
     n = data.meta.get("n_classes")

@@ -257,3 +257,33 @@ def test_a_broken_installed_plugin_is_a_warning_for_studies_that_do_not_use_it(
     ok = study(cwd, "run", str(home / "study.yaml"), "model.name=mlp", "seeds.count=1", "--out",
                str(cwd / "results"), "--num-cpus", "1")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_changed_plugin_code_is_recorded_per_trial_and_warned_about(folders: tuple[Path, Path]) -> None:
+    """Before: a plugin edited between two runs of one study mixed old-code and new-code
+    seeds silently, and nothing recorded the plugin's code. Now each trial's versions_json
+    holds the plugin's SHA-256, and adding seeds after a change warns, naming it."""
+    import duckdb
+
+    home, cwd = folders
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, seeds={"count": 1})))
+    out = cwd / "results"
+    first = study(cwd, "run", str(home / "study.yaml"), "--out", str(out), "--num-cpus", "1")
+    assert first.returncode == 0, first.stderr
+    assert "plugin code" not in first.stderr
+    plugin = home / "blobs_task.py"
+    plugin.write_text(plugin.read_text().replace("x = centre + rng.normal(0.0, 0.7", "x = centre + rng.normal(0.0, 0.6"))
+    second = study(cwd, "run", str(home / "study.yaml"), "seeds.count=2", "--out", str(out), "--num-cpus", "1")
+    assert second.returncode == 0, second.stderr
+    warning = " ".join(second.stderr.split())
+    assert "warning: the plugin code of study 'blobs' changed since its committed runs (task blobs: " \
+           "blobs_task.py, sha256:" in warning, second.stderr
+    assert "run the changed code under a new --name" in warning
+    rows = duckdb.sql(
+        f"SELECT json_extract_string(versions_json, '$.\"plugin task blobs\"') AS code, count(*) AS n "
+        f"FROM read_parquet('{out}/tables/trials/**/*.parquet') GROUP BY code ORDER BY code"
+    ).fetchall()
+    assert len(rows) == 2 and all(code.startswith("blobs_task.py, sha256:") for code, _ in rows), rows
+    # the model is fineline's own: its code is fineline's version and git sha, not a plugin entry
+    (keys,) = duckdb.sql(f"SELECT versions_json FROM read_parquet('{out}/tables/trials/**/*.parquet') LIMIT 1").fetchall()
+    assert "plugin model" not in keys[0]

@@ -147,3 +147,22 @@ def test_a_task_that_is_not_rehearsable_is_not_built_before_ray(tmp_path: Path) 
     assert res.returncode == 0, res.stderr
     assert str(os.getpid()) not in os.listdir(marks)
     assert len(os.listdir(marks)) >= 1, "the trial builds the data"
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """Before: ``model.d_model=65536`` had the driver build the Transformer for one seed, and
+    the kernel's out-of-memory killer ended it (rc 137, no message, after 76 s); a seq2seq
+    of ``hidden_size=100000`` started Ray and failed in the worker. Now the model is sized
+    on torch's meta device first (nothing allocated)."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "grokking_cpu.yaml"
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    out = cwd / "results"
+    res = study(cwd, "run", str(config), "model.d_model=65536", "seeds.count=1", "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: model: model 'transformer' has 17,220,698,368 parameters per seed: "
+                           "training one seed needs about 320.8 GiB"), line
+    assert "GiB this machine has available" in line
+    assert "Fix: lower its sizes" in line
+    assert not out.exists()
