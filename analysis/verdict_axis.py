@@ -11,6 +11,7 @@ so the verdict can speak about exactly the value that defines the task's outcome
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,15 +40,17 @@ class VerdictAxis:
     metric: str | None
     splits: tuple[VerdictSplit, ...]
     source: str = "default"
+    caveat: str = ""
+    """Set where no split spoken about is a test split (selection or tuning saw them)."""
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.splits]
 
     def pooled_text(self) -> list[str]:
-        """One line per pooled split saying what it is."""
+        """One line per pooled split saying what it is, then the caveat, if any."""
         return [f"{s.name}: the per-run mean of {self.metric} over {', '.join(s.parts)}"
-                for s in self.splits if s.pooled]  # fmt: skip
+                for s in self.splits if s.pooled] + ([self.caveat] if self.caveat else [])  # fmt: skip
 
 
 def parse_split(spec: str) -> VerdictSplit:
@@ -147,7 +150,22 @@ def resolve_axis(
         axis = VerdictAxis(metric or chosen.metric, parsed or chosen.splits, "given")
         check_axis(axis, metrics, known)
         chosen = axis
-    return chosen, notes
+    return _with_caveat(chosen, roles), notes
+
+
+LOOKED_AT = {"val": "model selection looks at", "val_ood": "tuning may look at"}
+"""The roles a run's training or tuning sees, and how."""
+
+
+def _with_caveat(axis: VerdictAxis, roles: dict[str, str]) -> VerdictAxis:
+    """``axis`` with its caveat where none of its splits is a test split."""
+    used = [(p, roles.get(p, "")) for s in axis.splits for p in s.parts]
+    if not used or any(role == "test" for _, role in used):
+        return axis
+    seen = [f"{p} is a {role} split, which {LOOKED_AT[role]}" for p, role in used if role in LOOKED_AT]
+    if not seen:
+        return axis
+    return dataclasses.replace(axis, caveat=f"not a test result: {'; '.join(seen)}, so this is optimistic")
 
 
 def pooled_values(values: pd.DataFrame, parts: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import sys
@@ -239,7 +238,14 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
     builds) is not built here."""
     import psutil
 
-    from trainables.rehearsal import blame, check_data_seeded, is_builtin, needs_rehearsal, rehearse, seed_bytes
+    from trainables.rehearsal import (
+        blame,
+        check_data_seeded,
+        is_builtin,
+        needs_rehearsal,
+        rehearse,
+        seed_bytes,
+    )
 
     data: dict[str, tuple[Any, Any]] = built if built is not None else {}
     seen: set[tuple[str, str, str]] = set()
@@ -310,7 +316,6 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     analysed and drawn) and ``splits`` (name and role of each split, in order).
     """
     from trainables.rehearsal import blame
-
     from trainables.tasks.base import Task
 
     roles_of: dict[str, dict[str, str]] = {}  # one check and one split_roles per task config
@@ -340,6 +345,10 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
     check_device(cfg)
     check_resources(cfg, address, num_cpus)
     roles = next(iter(roles_of.values()))
+    if "test" not in roles.values():
+        console.print(f"note: task {cfg.points[0].spec.task_name!r} has no test split (role test): the "
+                      "verdict and summaries will speak about splits that selection or tuning looked at",
+                      soft_wrap=True, highlight=False)
     analysis = cfg.points[-1].spec.make_task().analysis()
     return {"analysis": analysis, "splits": [{"name": n, "role": r} for n, r in roles.items()]}
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import importlib.metadata as md
+import logging
 import sys
 import sysconfig
 import traceback

@@ -178,3 +178,24 @@ def test_the_declaration_parses_and_a_malformed_one_is_named() -> None:
     for bad in ({"splits": "a"}, {"metric": 3}, {"split": ["a"]}, ["a"]):
         d = parse_declarations({"verdict": bad})
         assert d.unknown == ("verdict",) and d.verdict_splits == () and d.verdict_metric is None
+
+
+def test_without_a_test_split_the_verdict_says_it_is_optimistic() -> None:
+    """A task with no test split: the default verdict speaks about val_ood (else val), which
+    tuning or selection looked at; its caveat says so under the sentence (before, the verdict
+    gave val accuracy as if it were a test result). A test split, or any axis with one, has none."""
+    roles = {"train": "train", "val": "val", "val_ood": "val_ood"}
+    axis, _ = resolve_axis(primary="acc", splits=list(roles), roles=roles, tests=[], metrics={"acc"})
+    assert axis.names == ["val_ood"]
+    assert axis.pooled_text() == ["not a test result: val_ood is a val_ood split, which tuning may look "
+                                  "at, so this is optimistic"]
+    roles = {"train": "train", "val": "val"}
+    axis, _ = resolve_axis(primary="acc", splits=list(roles), roles=roles, tests=[], metrics={"acc"})
+    assert axis.names == ["val"] and axis.caveat == ("not a test result: val is a val split, which model "
+                                                     "selection looks at, so this is optimistic")
+    axis, _ = resolve_axis(primary="acc", splits=SPLITS, roles=ROLES, tests=["short"], metrics={"acc"},
+                           split_specs=["mixed=val+long"])
+    assert axis.caveat == "" and axis.pooled_text() == ["mixed: the per-run mean of acc over val, long"]
+    axis, _ = resolve_axis(primary="acc", splits=SPLITS, roles=ROLES, tests=["short"], metrics={"acc"},
+                           split_specs=["val"])
+    assert axis.caveat.startswith("not a test result: val is a val split")
