@@ -107,6 +107,13 @@ class Registry(Generic[T]):
                 f"{where}: Config must subclass trainables.configbase.FrozenConfig (frozen, unknown "
                 f"fields refused, a docstring per field). Fix: `class Config(FrozenConfig): ...`"
             )
+        bare = [n for n, f in config.model_fields.items() if not f.description]
+        if bare:
+            raise PluginError(
+                f"{where}: config field(s) {', '.join(bare)} of {config.__qualname__} have no docstring. Fix: "
+                f"write one under each field (`{bare[0]}: int = 9` then a line `\"\"\"What it sets.\"\"\"`); "
+                "`study plugins --fields` shows them"
+            )
         if cls.data_kind not in DATA_KINDS:  # type: ignore[attr-defined]
             raise PluginError(
                 f"{where}: data_kind {cls.data_kind!r} is unknown. Fix: use one of "  # type: ignore[attr-defined]

@@ -151,9 +151,16 @@ def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path])
          "@TASKS.register\nclass Fake:\n    name = 'blobs'\n    Config = C\n"
          "    data_kind = 'classify'\n    primary_metric = 'accuracy'\n    metrics = ('accuracy',)\n",
          "task class blobs_task.Fake does not subclass trainables.tasks.base.Task"),
+        # every config field documented, as docs/plugins.md asks (--fields shows the docs)
+        ("from trainables.configbase import FrozenConfig\nfrom trainables.registry import TASKS\n"
+         "from trainables.tasks.toy2d import Toy2D\n\n"
+         "class C(FrozenConfig):\n    n: int = 9\n    \"\"\"Documented.\"\"\"\n    width: int = 3\n    depth: int = 2\n\n"
+         "@TASKS.register\nclass Mine(Toy2D):\n    name = 'mine'\n    Config = C\n",
+         "task class blobs_task.Mine: config field(s) width, depth of C have no docstring. Fix: write one "
+         "under each field"),
     ],
     ids=["missing", "import-error", "duplicate-name", "bad-config-class", "incomplete-model", "sys-exit",
-         "not-a-task"],
+         "not-a-task", "undocumented-fields"],
 )
 def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], source: str | None, expected: str) -> None:
     home, cwd = folders
