@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors  # the factories torch.device(...) redirects
 
 from trainables.data import Arrays, Split, TaskData, head
 from trainables.errors import ConfigError, FinelineError
@@ -154,6 +156,24 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:240]
 
 
+class MetaShapes(TorchFunctionMode):
+    """Build on torch's ``meta`` device (shapes only, nothing allocated): tensor factories
+    without a device make meta tensors, and in-place initialisers (``normal_``,
+    ``uniform_``, ...) on meta tensors are skipped. ``with torch.device("meta")`` computes
+    the same shapes, but torch's meta ``normal_`` imports ``torch._dynamo`` first, about a
+    second at every study start."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _device_constructors() and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else next(iter(kwargs.values()), None)  # torch.nn.init passes tensor=
+        if name.endswith("_") and not name.endswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
 def seed_bytes(spec: RunSpec, meta: dict[str, Any]) -> tuple[int, int]:
     """``(parameters, bytes)`` one seed of ``spec`` holds in training, counted on torch's
     ``meta`` device (nothing allocated, so a model far too large for the machine is measured,
@@ -161,7 +181,7 @@ def seed_bytes(spec: RunSpec, meta: dict[str, Any]) -> tuple[int, int]:
     two moments; SGD with momentum: one) and the selected state a run keeps. Activations come
     on top. The model's own refusals (a size its task cannot take) are raised as they are."""
     model_cls = MODELS.get(spec.model_name)
-    with torch.device("meta"):
+    with MetaShapes():
         model = model_cls(spec.model, meta, 1)
     params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -166,3 +166,27 @@ def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_built(t
     assert "GiB this machine has available" in line
     assert "Fix: lower its sizes" in line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("config", ["quickstart", "grokking_cpu", "elnaggar2022", "li2021_toy", "zhou2023_length_cpu",
+                                    "shah2020_lms7"])
+def test_sizing_on_the_meta_device_counts_what_a_real_build_holds(config: str) -> None:
+    """``seed_bytes`` builds on the meta device with initialisers skipped: its parameter count
+    is a real one-seed build's, and nothing is allocated (the tensors are meta)."""
+    import torch
+
+    from study.config import load
+    from trainables.registry import MODELS
+    from trainables.rehearsal import MetaShapes, seed_bytes
+
+    spec = load(Path(__file__).resolve().parents[2] / "configs" / f"{config}.yaml").points[0].spec
+    meta = spec.make_task().build(0).meta
+    real = MODELS.get(spec.model_name)(spec.model, meta, 1)
+    params, need = seed_bytes(spec, meta)
+    assert params == sum(p.numel() for p in real.parameters())
+    assert need >= 3 * sum(p.numel() * p.element_size() for p in real.parameters())
+    with MetaShapes():
+        shapes = MODELS.get(spec.model_name)(spec.model, meta, 1)
+    assert {t.device.type for t in [*shapes.parameters(), *shapes.buffers()]} == {"meta"}
+    assert [t.shape for t in shapes.parameters()] == [t.shape for t in real.parameters()]
+    assert torch.zeros(2).device.type == "cpu"  # the mode ends with the block
