@@ -127,14 +127,15 @@ class StudyCheck:
             return f"study {self.study}: {what}{old}: no damage{pending}"
         runs, evals = len(self.damaged_runs), len(self.damaged_evaluations)
         files = sum(d.unit == "file" for d in self.damage)
-        manifest = [d.file for d in self.damage if d.unit == "manifest"]
+        manifest = [d for d in self.damage if d.unit == "manifest"]
         parts = [_n(runs, "run")] if runs or not manifest else []
         parts += [_n(evals, "evaluation")] if evals else []
         parts += [_n(files, "file no commit names", "files no commit names")] if files else []
         parts += ["the manifest"] if manifest else []
         line = f"study {self.study}: {what}{old}: {_n(len(self.damage), 'damaged file')} ({', '.join(parts)}){pending}"
         if manifest and self.out is not None:  # --repair re-runs from the manifest: it cannot re-create one
-            line += f". Fix: {damaged_fix(self.out, self.study)}"
+            missing = manifest[0].problem == "missing"
+            line += f". Fix: {manifest_fix(self.out, self.study, missing)}"
         return line
 
     @property
@@ -287,15 +288,35 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
 
 
 def _check_manifest(out: Path, study: str, found: StudyCheck) -> dict[str, Any] | None:
-    """The study's manifest; one that does not read (``study resume``, ``eval`` and
-    ``status`` refuse it) is damage too, which no repair re-creates (unit ``manifest``)."""
+    """The study's manifest; one that does not read, or is missing while the study has
+    results (``study resume``, ``eval`` and ``status`` refuse both), is damage too, which no
+    repair re-creates (unit ``manifest``)."""
     from study import manifest
 
+    path = manifest.manifest_path(out, study)
     data, why = manifest.damage(out, study)
     if why is not None:
-        found.damage.append(Damage(study, None, None, "manifest", _rel(out, manifest.manifest_path(out, study)),
+        found.damage.append(Damage(study, None, None, "manifest", _rel(out, path),
                                    f"does not read as a manifest ({why})", "manifest"))
+    elif data is None and not path.exists() and _has_results(out, study):
+        found.damage.append(Damage(study, None, None, "manifest", _rel(out, path), "missing", "manifest"))
     return data
+
+
+def _has_results(out: Path, study: str) -> bool:
+    """Whether any table of ``study`` holds a Parquet file."""
+    return any(_glob(table_dir(out, t, study), "*.parquet") for t in TABLES)
+
+
+def manifest_fix(out: Path, study: str, missing: bool) -> str:
+    """How to mend the manifest of ``study``: restore it, or re-create it with ``study run``
+    (which keeps the committed runs); a damaged one is moved away first."""
+    from study.manifest import manifest_path
+
+    if not missing:
+        return damaged_fix(out, study)
+    return (f"restore {manifest_path(out, study)} from a backup, or re-create it with `study run CONFIG "
+            f"--name {study} --out {out}` given the study's own config and overrides (committed runs are kept)")
 
 
 def _not_committed(study: str, manifest: dict[str, Any] | None, runs: dict[tuple[str, int], Any]) -> int:
@@ -497,9 +518,8 @@ def repair_study(out: Path, study: str, address: str | None = None, num_cpus: in
     m = manifest.read(out, study)
     if m is None:
         raise StudyStateError(
-            f"study {study!r} in {out} has no manifest ({out / study / 'study.json'}), so its damaged "
-            "runs cannot be run again. Fix: restore the manifest from a backup, or restore the damaged "
-            "files named above"
+            f"study {study!r} in {out} has no manifest ({out / study / 'study.json'}), so --repair "
+            f"cannot run it again. Fix: {manifest_fix(out, study, missing=True)}"
         )
     if m.get("kind") == "tune":
         raise StudyStateError(

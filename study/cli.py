@@ -13,7 +13,7 @@ import errno
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -559,6 +559,16 @@ def _out_param(ctx: Any, param: Any, value: Path | None) -> Path | None:
     return value
 
 
+def _refuse_empty_out(process_value: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``--out``'s value processing, refusing an empty value before it becomes ``Path('.')``
+    (the current folder, which a study would then write into)."""
+    def process(ctx: Any, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError("--out", "is empty", "give the results folder, e.g. --out results")
+        return process_value(ctx, value)
+    return process
+
+
 def _command() -> Any:
     """The click command behind ``app``, with NAME and --out checked as they are parsed."""
     command = typer.main.get_command(app)
@@ -566,6 +576,7 @@ def _command() -> Any:
         for param in sub.params:
             if param.name == "out":
                 param.callback = _out_param
+                param.process_value = _refuse_empty_out(param.process_value)  # type: ignore[method-assign]
             elif param.name == "fmt":
                 param.callback = _format_param
             elif param.name == "name" and name in NAMED:

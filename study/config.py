@@ -379,7 +379,16 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def read_yaml(path: Path, field: str = "CONFIG") -> Any:
-    """A YAML file's content: UTF-8, valid YAML, no duplicate keys (else ConfigError naming ``field``)."""
+    """A YAML file's content: an existing regular file, UTF-8, valid YAML, no duplicate keys
+    (else ConfigError naming ``field``)."""
+    if path.is_dir():
+        raise ConfigError(field, f"{str(path)!r} is a folder, not a file",
+                          "give the path of a study YAML file, e.g. configs/quickstart.yaml")
+    if not path.exists():
+        raise ConfigError(field, f"no such file {str(path)!r}", "give the path of a study YAML, e.g. configs/quickstart.yaml")
+    if not path.is_file():  # reading a pipe or device could block or never end
+        raise ConfigError(field, f"{str(path)!r} is not a regular file (a device, socket or pipe)",
+                          "give the path of a study YAML, e.g. configs/quickstart.yaml")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -508,9 +517,7 @@ def load(path: Path, seeds_override: int | None = None, overrides: Sequence[str]
     ``overrides`` applied first (validated like the file; an error a field of an override
     caused says so)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("CONFIG", f"no such file {str(path)!r}", "give the path of a study YAML, e.g. configs/quickstart.yaml")
-    raw, parsed = apply_overrides(read_yaml(path), overrides)
+    raw, parsed = apply_overrides(read_yaml(path), overrides)  # a missing file or a folder is refused there
     if seeds_override is not None and "seeds.count" in {o.path for o in parsed}:
         raise ConfigError("--seeds", "given together with the override seeds.count",
                           "give one of them (--seeds N is the same as seeds.count=N)")

@@ -15,12 +15,14 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from tests_support import TINY_STUDY
@@ -221,7 +223,7 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("plain-model-too-large", {"name": "huge", "task": {"name": "toy2d"},
                                "model": {"name": "mlp_plain", "hidden": [100_000_000, 100_000_000]},
                                "train": {"max_epochs": 1, "selection": {"split": "train_eval"}},
-                               "seeds": {"count": 1}}, "error: model: model 'mlp_plain' cannot be built"),
+                               "seeds": {"count": 1}}, "error: model: model 'mlp_plain' has 10,000,000,"),
 ]
 
 
@@ -343,6 +345,8 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("config-and-from-best", _run("--from-best", "x"), "error: CONFIG: "),
     ("config-missing", lambda tmp: ["run", str(tmp / "nope.yaml"), "--out", str(tmp / "results")], "error: CONFIG: "),
     ("config-is-folder", lambda tmp: ["run", str(tmp), "--out", str(tmp / "results")], "error: CONFIG: "),
+    ("config-dev-null", lambda tmp: ["run", "/dev/null", "--out", str(tmp / "results")],
+     "error: CONFIG: '/dev/null' is not a regular file"),
     ("out-is-file", lambda tmp: ["run", str(write(tmp, TINY)), "--out", str(_file(tmp))], "error: --out: "),
     ("out-under-file", lambda tmp: ["run", str(write(tmp, TINY)), "--out", str(_file(tmp) / "sub")], "error: --out: "),
     ("out-dev-null", lambda tmp: ["run", str(write(tmp, TINY)), "--out", "/dev/null"], "error: --out: "),
@@ -543,6 +547,13 @@ def _gz(name: str, edit: Callable[[bytes], bytes]) -> Callable[[Path], None]:
     return corrupt
 
 
+def _crop(idx: bytes, side: int) -> bytes:
+    """An MNIST images IDX file (uncompressed) cut to its top-left ``side`` x ``side`` pixels."""
+    (n,) = struct.unpack(">I", idx[4:8])
+    images = np.frombuffer(idx, dtype=np.uint8, offset=16).reshape(n, 28, 28)[:, :side, :side]
+    return idx[:8] + struct.pack(">II", side, side) + images.tobytes()
+
+
 DYCK_TRAIN, SCAN_TRAIN = "Dyck1_Dataset_Suzgun_train_.txt", "tasks_train_addprim_jump.txt"
 DATA: list[tuple[str, Callable[..., dict[str, Any]], Callable[[Path], None], str]] = [
     ("dyck-empty", _dyck, _write(DYCK_TRAIN, ""), "rows"),
@@ -561,6 +572,12 @@ DATA: list[tuple[str, Callable[..., dict[str, Any]], Callable[[Path], None], str
     ("mnist-truncated", _mnist, _gz("t10k-images-idx3-ubyte.gz", lambda b: b[:-100]), "bytes follow"),
     ("mnist-swapped", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:3] + b"\x03" + b[4:]), "magic"),
     ("mnist-bad-labels", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:8] + b"\x0b" + b[9:]), "labels outside"),
+    # 5x5 images passed the check; the convnet then failed in a Ray worker
+    ("mnist-5x5", _mnist, _gz("t10k-images-idx3-ubyte.gz", lambda b: _crop(b, 5)), "images are 5x5 pixels, expected 28x28"),
+    ("mnist-fewer-labels", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:4] + struct.pack(">I", 9000) + b[8:9008]),
+     "10000 images but 9000 labels"),
+    ("mnist-class-absent", _mnist, _gz("t10k-labels-idx1-ubyte.gz", lambda b: b[:8] + b[8:].replace(b"\x03", b"\x04")),
+     "no image of classes [3]"),
     ("sr-empty", _sr, _write("grammar_std.tst.full.tsv", ""), "has no rows"),
     ("sr-not-utf8", _sr, _write("grammar_long.tst.full.tsv", b"A B .\t\xff\n"), "not UTF-8"),
     ("sr-unknown-symbol", _sr, _prepend("grammar.val.tsv", "A ZZ .\tA1_1 B1_1 C1_1\tx"), "unknown symbols"),
@@ -579,6 +596,38 @@ def test_bad_data_files_are_refused(
     rc, err = run_cli(["run", str(path), "--out", str(out)], capsys)
     line = check_refused(rc, err, "error: task.data_dir: ", out, None)
     assert rc == 2 and needle in line, line
+
+
+def test_an_mnist_train_pool_of_every_image_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A train pool that leaves no test pool is refused by the task's check, naming the field."""
+    if not SHARED.is_dir():
+        pytest.skip("reference data not present")
+    cfg = _mnist(tmp_path, lambda folder: None)
+    cfg["task"]["train_pool_size"] = 10_000
+    out = tmp_path / "results"
+    rc, err = run_cli(["run", str(write(tmp_path, cfg)), "--out", str(out)], capsys)
+    check_refused(rc, err, "error: task.train_pool_size: is 10000 but there are only 10000 test images", out, None)
+    assert rc == 2
+
+
+def test_small_mnist_images_are_refused_before_ray_through_a_real_process(tmp_path: Path) -> None:
+    """The tester's case: header-valid 5x5 images with labels i % 10 reached Ray and failed
+    in torch ("Kernel size can't be greater than actual input size"), exit 1."""
+    folder = tmp_path / "mnist5"
+    folder.mkdir()
+    n = 100
+    images = np.arange(n * 25, dtype=np.uint64).astype(np.uint8).tobytes()
+    (folder / "t10k-images-idx3-ubyte").write_bytes(struct.pack(">BBBBIII", 0, 0, 8, 3, n, 5, 5) + images)
+    labels = bytes(i % 10 for i in range(n))
+    (folder / "t10k-labels-idx1-ubyte").write_bytes(struct.pack(">BBBBI", 0, 0, 8, 1, n) + labels)
+    config = Path(__file__).resolve().parents[2] / "configs" / "li2021_mnist.yaml"
+    out = tmp_path / "results"
+    res = study_process("run", str(config), f"task.data_dir={folder}", "task.train_pool_size=50", "task.n_final=0",
+                        "task.n_curve=10", "seeds.count=1", "train.max_steps=2", "grid.task.setting=[A]",
+                        "--out", str(out), cwd=tmp_path)
+    line = check_refused(res.returncode, res.stderr, "error: task.data_dir: ", out, None)
+    assert res.returncode == 2 and "images are 5x5 pixels, expected 28x28" in line, line
+    assert "ray" not in res.stderr.lower().replace("array", ""), res.stderr
 
 
 def _symbol_rewriting_files(tmp: Path) -> dict[str, Path]:
@@ -690,6 +739,43 @@ def test_bad_input_through_a_real_process(tmp_path: Path, kind: str, case: tuple
     assert res.returncode == 2
     if "--address" not in needle:  # nothing of Ray ran, so Ray said nothing
         assert "ray" not in res.stderr.lower().replace("array", ""), res.stderr
+
+
+def test_a_folder_given_as_the_study_file_is_called_a_folder(tmp_path: Path) -> None:
+    """A folder named like a study file was "CONFIG: no such file 'adir.yaml'"."""
+    (tmp_path / "adir.yaml").mkdir()
+    out = tmp_path / "results"
+    res = study_process("run", "adir.yaml", "--out", str(out), cwd=tmp_path)
+    line = check_refused(res.returncode, res.stderr, "error: CONFIG: 'adir.yaml' is a folder, not a file", out, None)
+    assert res.returncode == 2 and "no such file" not in line, line
+
+
+OUT_ARGS: dict[str, list[str]] = {
+    "run": ["CONFIG"], "tune": ["CONFIG"], "resume": ["s"], "eval": ["s"], "status": ["s"], "analyze": ["s"],
+    "report": ["s"], "check": [], "ls": [], "sql": ["SELECT 1"],
+}
+"""Each command that takes --out, with the arguments it needs besides."""
+
+
+def test_an_empty_out_is_refused_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out ''`` was ``Path('.')``: `study run` wrote its study into the current folder."""
+    takes_out = {name for name, sub in cli._command().commands.items() if any(p.name == "out" for p in sub.params)}
+    assert takes_out == set(OUT_ARGS)
+    config = write(tmp_path, TINY)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for command, extra in OUT_ARGS.items():
+        for value in ("", " "):
+            argv = [command, *(str(config) if a == "CONFIG" else a for a in extra), "--out", value]
+            rc, err = run_cli(argv, capsys)
+            check_refused(rc, err, "error: --out: is empty. Fix: give the results folder", here, {})
+            assert rc == 2, (argv, err)
+    res = study_process("run", str(config), "--out=", cwd=here)
+    check_refused(res.returncode, res.stderr, "error: --out: is empty", here, {})
+    assert res.returncode == 2
 
 
 def test_the_corpus_is_large_enough() -> None:

@@ -259,6 +259,37 @@ def test_a_damaged_manifest_is_damage(tmp_path: Path, capsys: Any, content: byte
     assert manifest.read_bytes() == content  # nothing moved or rewritten
 
 
+def test_a_missing_manifest_is_damage(tmp_path: Path, capsys: Any) -> None:
+    """A study whose runs are there but whose study.json is gone was "no damage" (exit 0),
+    while ``study status`` said there is no such study: it is damage, fixed by restoring or
+    re-creating the manifest (which --repair, re-running from it, cannot do)."""
+    from study.cli import cli_main
+
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=2)
+    write_demo_study(out, "other", n_seeds=1)
+    manifest = out / "demo" / "study.json"
+    manifest.unlink()
+    res = study("check", "demo", "--out", str(out), check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "demo/study.json" in res.stdout and "missing" in res.stdout and "no damage" not in res.stdout, res.stdout
+    assert (f"study demo: 2 runs and 0 evaluations checked, 2 unverified (committed before checksums): "
+            f"1 damaged file (the manifest). Fix: restore {manifest} from a backup, or re-create it with "
+            f"`study run CONFIG --name demo --out {out}`") in res.stdout, res.stdout
+    assert "--repair" not in res.stdout, res.stdout
+    rows = json.loads(study("check", "demo", "--out", str(out), "--format", "json", check=False).stdout)
+    assert rows == [{"study": "demo", "trial_id": None, "seed": None, "table": "manifest",
+                     "file": "demo/study.json", "problem": "missing"}]
+    capsys.readouterr()
+    assert cli_main(["check", "--out", str(out)]) == 1  # every study: demo damaged, other not
+    text = capsys.readouterr().out
+    assert "study other: 1 run and 0 evaluations checked" in text and text.rstrip().endswith("no damage"), text
+    assert cli_main(["check", "demo", "--repair", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "has no manifest" in err[0] and f"Fix: restore {manifest}" in err[0], err
+    assert not manifest.exists() and not (out / "demo" / "quarantine").exists()  # nothing moved or written
+
+
 def test_a_file_damaged_inside_is_left_out_of_analyze_and_report_and_named_by_sql(tmp_path: Path) -> None:
     """An evals file whose footer reads but whose pages are garbage: `study analyze` and
     `study report` (which read evals into memory) leave it out with the views' warning

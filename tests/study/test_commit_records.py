@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from analysis.db import connect, outside_views_sql
 from study.check import check_study, quarantine, quarantine_damaged
+from study.manifest import write
 from trainables.results import (
     commit_evaluation,
     commit_seed,
@@ -61,6 +62,13 @@ def commit(out: Path, study: str, unit: str, seed: int, *, status: str = "ok", m
     run = {"study": study, "trial_id": TID, "unit_id": unit, "seed": seed, "status": status,
            "committed_at": T0 + dt.timedelta(minutes=minute, seconds=seed), "weights": rel}
     return commit_seed(out, study, TID, seed, tables, run, keep=keep if weights else None)
+
+
+def write_manifest(out: Path, study: str, seeds: int) -> None:
+    """The study's manifest, as ``study run`` writes it before any commit (``study check``
+    calls a study with results but no manifest damaged)."""
+    write(out, study, {"name": study, "kind": "seeds", "config": {"name": study}, "seeds": seeds,
+                       "points": [{"trial_id": TID, "point": {}, "seeds": seeds}]})
 
 
 def rows(out: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -175,6 +183,7 @@ def test_a_damaged_file_is_left_out_of_the_views_with_a_warning(tmp_path: Path, 
 
 def test_check_names_each_kind_of_damage(tmp_path: Path) -> None:
     out = tmp_path
+    write_manifest(out, "s", 5)
     for seed in range(5):
         commit(out, "s", f"u{seed}", seed, weights=True)
     assert not check_study(out, "s").damage
@@ -203,6 +212,7 @@ def test_check_names_each_kind_of_damage(tmp_path: Path) -> None:
 
 def test_quarantine_moves_a_seed_with_its_evaluations_and_keeps_every_file(tmp_path: Path) -> None:
     out = tmp_path
+    write_manifest(out, "s", 2)
     for seed in (0, 1):
         commit(out, "s", "u01", seed, weights=True)
         commit_evaluation(out, "s", {"evals": [], "predictions": []}, {

@@ -129,6 +129,46 @@ def test_data_dir_is_required(tmp_path: Path):
         _task(Path("unused"), train_pool_size=0)
 
 
+def _unfit_t10k(tmp_path: Path, case: str) -> Path:
+    """A t10k images/labels pair that is valid IDX but unfit for the task in one way."""
+    images, labels = synthetic_mnist(300, seed=1)
+    if case == "5x5":
+        images = images[:, :5, :5]
+    elif case == "fewer-labels":
+        labels = labels[:-1]
+    elif case == "class-absent":
+        labels = np.where(labels == 3, 4, labels)
+    elif case == "empty":
+        images, labels = images[:0], labels[:0]
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", images, compress=False)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", labels, compress=case == "fewer-labels")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [("5x5", "images are 5x5 pixels, expected 28x28"), ("fewer-labels", "300 images but 299 labels"),
+     ("class-absent", "no image of classes [3]"), ("empty", "no images")],
+)
+def test_check_refuses_files_the_pairs_cannot_use(tmp_path: Path, case: str, needle: str):
+    """Header-valid IDX files of the wrong image size, counts or classes passed the check (5x5
+    images then failed in the convnet, in a Ray worker)."""
+    _task(_unfit_t10k(tmp_path, "ok"), train_pool_size=100).check()  # the same files, fit
+    with pytest.raises(ConfigError) as err:
+        _task(_unfit_t10k(tmp_path, case), train_pool_size=100).check()
+    assert err.value.field == "task.data_dir" and needle in err.value.problem, str(err.value)
+    assert "MNIST IDX files" in err.value.fix
+
+
+def test_check_refuses_a_train_pool_of_every_image(fake_dir: Path):
+    with pytest.raises(ConfigError) as err:
+        _task(fake_dir, train_pool_size=1000).check()
+    assert err.value.field == "task.train_pool_size" and "only 1000 test images" in err.value.problem
+    with pytest.raises(ConfigError, match=r"task\.train_pool_size"):
+        _task(fake_dir, train_pool_size=1000, pool_source="auto").check()  # no train file: split too
+    _task(fake_dir, train_pool_size=900).check()
+
+
 def test_splits_roles_and_shapes(fake_dir: Path):
     data = _task(fake_dir, n_final=500).build(data_seed=3)
     roles = {n: (s.role, len(s)) for n, s in data.splits.items()}

@@ -59,6 +59,8 @@ from trainables.registry import TASKS
 from trainables.tasks.base import Task, check_files
 
 N_CLASSES = 10
+IMAGE_SIZE = (28, 28)
+"""Height x width of an MNIST image (what the bundled convnet's layers are sized for)."""
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
 IDX_DTYPES: dict[int, str] = {
     0x08: "u1",
@@ -127,10 +129,18 @@ def load_mnist(data_dir: Path, stems: tuple[str, str]) -> tuple[np.ndarray, np.n
         raise DataError(f"{data_dir} lacks {', '.join(missing)} (raw or .gz); add the MNIST files")
     images = read_idx(paths[0], IMAGE_MAGIC)  # type: ignore[arg-type]
     labels = read_idx(paths[1], LABEL_MAGIC).astype(np.int64)  # type: ignore[arg-type]
-    if images.ndim != 3 or len(images) != len(labels):
-        raise DataError(f"{data_dir}: images {images.shape} do not match labels {labels.shape}")
+    if images.shape[1:] != IMAGE_SIZE:  # the convnet's layers need 28x28 (the pairs 28x56)
+        size = "x".join(map(str, images.shape[1:]))
+        raise DataError(f"{paths[0]}: images are {size} pixels, expected 28x28; this is not an MNIST images file")
+    if len(images) != len(labels):
+        raise DataError(f"{data_dir}: {len(images)} images but {len(labels)} labels; the files do not belong together")
+    if len(labels) == 0:
+        raise DataError(f"{paths[1]}: no images; download the files again")
     if labels.min() < 0 or labels.max() >= N_CLASSES:
         raise DataError(f"{paths[1]}: labels outside 0..9; this is not an MNIST labels file")
+    absent = sorted(set(range(N_CLASSES)) - set(np.unique(labels).tolist()))
+    if absent:
+        raise DataError(f"{paths[1]}: no image of classes {absent}; pairs need every digit 0..9")
     return images, labels
 
 
@@ -283,7 +293,8 @@ class MnistPairs(Task):
 
     def check(self, data_dir_required: bool = False) -> None:
         """Raise ConfigError unless ``data_dir`` is set and holds the t10k images and labels,
-        intact (every IDX file the pools use is read, as a worker would)."""
+        intact: every IDX file the pools use is read, as a worker would (28x28 images, as many
+        labels as images, every class 0..9), and ``train_pool_size`` leaves a test pool."""
         self._check_paths()
         check_files(self._read_files, "MNIST IDX",
                     "point task.data_dir at a folder with intact MNIST IDX files (download them again)")
@@ -305,11 +316,23 @@ class MnistPairs(Task):
             )
 
     def _read_files(self) -> None:
-        """Read (and so check) every IDX file the pools would use."""
+        """Read (and so check) every IDX file the pools would use, and the split's size."""
         root = Path(str(self.config.data_dir))
-        load_mnist(root, T10K)
+        _, test_labels = load_mnist(root, T10K)
         if self.config.pool_source == "auto" and find_idx(root, TRAIN[0]) is not None:
             load_mnist(root, TRAIN)
+        else:
+            self._check_pool_size(len(test_labels))
+
+    def _check_pool_size(self, n_images: int) -> None:
+        """Refuse a ``train_pool_size`` that leaves no test pool out of ``n_images``."""
+        n_train = self.config.train_pool_size
+        if n_train >= n_images:
+            raise ConfigError(
+                "task.train_pool_size",
+                f"is {n_train} but there are only {n_images} test images to split",
+                f"use a value below {n_images} (default 8000)",
+            )
 
     def _pools(self, rng: np.random.Generator) -> tuple[Arrays, Arrays, str]:
         """(train pool, test pool, source) - see the module docstring."""
@@ -326,12 +349,7 @@ class MnistPairs(Task):
                 "train_file",
             )
         n_train = self.config.train_pool_size
-        if n_train >= len(test_labels):
-            raise ConfigError(
-                "task.train_pool_size",
-                f"is {n_train} but there are only {len(test_labels)} test images to split",
-                f"use a value below {len(test_labels)} (default 8000)",
-            )
+        self._check_pool_size(len(test_labels))
         perm = rng.permutation(len(test_labels))
         train_rows, test_rows = perm[:n_train], perm[n_train:]
         return (
