@@ -235,7 +235,9 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
     config (0.01-0.5 s for the shipped studies; ``built`` holds those already made, by task
     config) and, per plugin pair, a second data build and two steps of a two-seed bundle on
     8 examples. A plugin task whose ``rehearsable()`` is False (slow or side-effecting
-    builds) is not built here."""
+    builds) is not built here. A study on ``cuda`` is neither refused for this machine's
+    memory nor rehearsed (on a CPU, maybe without a GPU): its contract suite runs with
+    ``device="cuda"``."""
     import psutil
 
     from trainables.rehearsal import (
@@ -250,6 +252,7 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
     data: dict[str, tuple[Any, Any]] = built if built is not None else {}
     seen: set[tuple[str, str, str]] = set()
     seeded: set[str] = set()  # task configs whose build was checked to follow the data seed
+    on_gpu = cfg.execution.device == "cuda"  # trials hold the model in GPU memory; the driver may have no GPU
     for point in cfg.points:
         spec = point.spec
         raw = spec.to_dict()
@@ -273,7 +276,7 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
             with blame(spec, "building the model (sized on torch's meta device)"):
                 params, need = seed_bytes(spec, task_data.meta)
             free = psutil.virtual_memory().available
-            if need > free and local:
+            if need > free and local and not on_gpu:
                 raise ConfigError(
                     "model", f"model {spec.model_name!r} has {params:,} parameters per seed: training one "
                     f"seed needs about {need / 2**30:.1f} GiB (parameters, gradients, optimizer state, the "
@@ -281,7 +284,7 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
                     "lower its sizes (`study plugins --fields` lists the model's fields), or run on a "
                     "cluster whose nodes hold more with --address",
                 )
-            if plugin and 2 * need <= free:  # the rehearsal trains two seeds on this machine
+            if plugin and not on_gpu and 2 * need <= free:  # the rehearsal trains two seeds here
                 rehearse(spec, task, task_data)
         except ConfigError as exc:
             if not where:

@@ -190,3 +190,24 @@ def test_sizing_on_the_meta_device_counts_what_a_real_build_holds(config: str) -
     assert {t.device.type for t in [*shapes.parameters(), *shapes.buffers()]} == {"meta"}
     assert [t.shape for t in shapes.parameters()] == [t.shape for t in real.parameters()]
     assert torch.zeros(2).device.type == "cpu"  # the mode ends with the block
+
+
+def test_a_study_on_cuda_is_not_rehearsed_on_the_driver(tmp_path: Path) -> None:
+    """The driver may have no GPU and a plugin model may run only on one: a ``device: cuda``
+    study skips the rehearsal (and the check against this machine's memory); the same study
+    on the CPU is refused for the model's Python ``random``."""
+    from study.config import load
+    from study.runner import check_pairs
+    from trainables.errors import ConfigError
+
+    home = tmp_path / "study"
+    home.mkdir()
+    source, blocks, _ = CASES["Python's random in forward"]
+    source = source.replace("'py_random'", "'gpu_only_noisy'")
+    (home / "gpu_blobs.py").write_text(PLUGIN.read_text().replace('name: ClassVar[str] = "blobs"', 'name: ClassVar[str] = "gpu_blobs"') + HEAD + source)
+    cfg = with_(BASE, plugins=["gpu_blobs"], task={"name": "gpu_blobs", "n": 64}, model={"name": "gpu_only_noisy"})
+    (home / "cpu.yaml").write_text(yaml.safe_dump(cfg))
+    (home / "gpu.yaml").write_text(yaml.safe_dump({**cfg, "execution": {"device": "cuda", "gpus_per_trial": 1}}))
+    check_pairs(load(home / "gpu.yaml"), local=False)
+    with pytest.raises(ConfigError, match="two runs from the same seeds give different training losses"):
+        check_pairs(load(home / "cpu.yaml"))
