@@ -202,7 +202,7 @@ def test_a_study_on_cuda_is_not_rehearsed_on_the_driver(tmp_path: Path) -> None:
 
     home = tmp_path / "study"
     home.mkdir()
-    source, blocks, _ = CASES["Python's random in forward"]
+    source = CASES["Python's random in forward"][0]
     source = source.replace("'py_random'", "'gpu_only_noisy'")
     (home / "gpu_blobs.py").write_text(PLUGIN.read_text().replace('name: ClassVar[str] = "blobs"', 'name: ClassVar[str] = "gpu_blobs"') + HEAD + source)
     cfg = with_(BASE, plugins=["gpu_blobs"], task={"name": "gpu_blobs", "n": 64}, model={"name": "gpu_only_noisy"})
