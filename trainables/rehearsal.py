@@ -99,7 +99,11 @@ def blame(spec: RunSpec, stage: str, field: str = "model") -> Iterator[None]:
     """Turn an exception raised in plugin code during ``stage`` into one ConfigError naming
     the pair, the stage, the exception and the plugin's line (fineline's own errors pass
     through unchanged). ``field`` is the block blamed unless the failing line is in the
-    task's or the model's module."""
+    task's or the model's module. For a pair of fineline's own, an exception is a bug in
+    fineline and keeps its traceback."""
+    if not needs_rehearsal(spec):
+        yield
+        return
     try:
         yield
     except FinelineError:
@@ -167,11 +171,18 @@ class MetaShapes(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func in _device_constructors() and kwargs.get("device") is None:
             kwargs["device"] = "meta"
-        name = getattr(func, "__name__", "")
         target = args[0] if args else next(iter(kwargs.values()), None)  # torch.nn.init passes tensor=
-        if name.endswith("_") and not name.endswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
-            return target
+        if getattr(func, "__name__", "") in _INITIALISERS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target  # values only: the shape stays
         return func(*args, **kwargs)
+
+
+_INITIALISERS = frozenset({
+    "normal_", "uniform_", "trunc_normal_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
+    "cauchy_", "random_", "fill_", "zero_", "copy_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "orthogonal_", "sparse_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+})
+"""In-place ops (tensor methods and ``torch.nn.init`` functions) that set values only."""
 
 
 def seed_bytes(spec: RunSpec, meta: dict[str, Any]) -> tuple[int, int]:

@@ -211,3 +211,14 @@ def test_a_study_on_cuda_is_not_rehearsed_on_the_driver(tmp_path: Path) -> None:
     check_pairs(load(home / "gpu.yaml"), local=False)
     with pytest.raises(ConfigError, match="two runs from the same seeds give different training losses"):
         check_pairs(load(home / "cpu.yaml"))
+
+
+def test_blame_names_plugin_code_but_keeps_a_fineline_bug_as_it_is() -> None:
+    """An exception in a built-in pair is a bug in fineline: it keeps its type and traceback
+    (``blame`` turns only plugin code's exceptions into a refusal)."""
+    from trainables.rehearsal import blame
+    from trainables.spec import RunSpec
+
+    builtin = RunSpec.from_dict({"task": {"name": "toy2d"}, "model": {"name": "mlp"}})
+    with pytest.raises(ValueError, match="a bug"), blame(builtin, "the first training step"):
+        raise ValueError("a bug")
