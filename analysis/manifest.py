@@ -43,6 +43,7 @@ Unknown keys are kept in :attr:`Declarations.unknown` and named in the report.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,11 @@ def _verdict_decl(value: Any) -> bool:
         and isinstance(value.get("splits", []), list | tuple)
         and all(isinstance(v, str) for v in value.get("splits", []))
     )
+
+
+def candidate_rank(objective: float, objective_std: float | None, trial_id: str, *, maximize: bool) -> tuple[float, float, str]:
+    """The sort key that ranks tuning candidates, best first, everywhere (``study tune``'s
+    ranking and ``--from-best``, ``study status``'s best so far, the tuning verdict): the
+    better objective, then the smaller spread across its seeds, then the trial_id."""
+    spread = float(objective_std) if objective_std is not None and math.isfinite(objective_std) else float("inf")
+    return (-float(objective) if maximize else float(objective), spread, str(trial_id))

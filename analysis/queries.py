@@ -327,15 +327,17 @@ def tuning_trials(con: duckdb.DuckDBPyConnection, study: str) -> pd.DataFrame:
     """Trials of a tuning study in start order, with ``objective`` and ``param_*`` columns.
 
     Columns: trial_number (0-based, by started_at), trial_id, unit_id, seeds (text),
-    status, objective (NULL where the trials table has none), then every ``param_*``.
+    status, objective and objective_std (NULL where the trials table has none), then every
+    ``param_*``.
     """
     cols = [r[0] for r in con.execute("DESCRIBE trials").fetchall()]
     params = [c for c in cols if c.startswith("param_")]
     objective = "objective" if "objective" in cols else "NULL::DOUBLE AS objective"
+    spread = "objective_std" if "objective_std" in cols else "NULL::DOUBLE AS objective_std"
     extra = "".join(f', "{c}"' for c in params)
     return con.execute(
         "SELECT (row_number() OVER (ORDER BY started_at NULLS LAST, trial_id) - 1) AS trial_number, "
-        f"trial_id, unit_id, CAST(seeds AS VARCHAR) AS seeds, status, {objective}{extra} "
+        f"trial_id, unit_id, CAST(seeds AS VARCHAR) AS seeds, status, {objective}, {spread}{extra} "
         "FROM trials WHERE study = ? ORDER BY trial_number",
         [study],
     ).df()

@@ -35,6 +35,7 @@ import pandas as pd
 
 from analysis import intervals as iv
 from analysis import stats
+from analysis.manifest import candidate_rank
 from analysis.schema import SEED_SOURCES
 from analysis.variance import variance_share
 from analysis.verdict_axis import VerdictAxis, axis_values, resolve_axis
@@ -349,8 +350,10 @@ def tuning_section(
     em = stats.expected_max(sign * t["objective"].to_numpy(dtype=float))
     em = em.rename(columns={"expected_max": "expected_best"})
     em["expected_best"] *= sign
-    order = t.sort_values("objective", ascending=not maximize, kind="stable")["trial_id"]
-    return em, [str(x) for x in order.head(2)]
+    std = t["objective_std"] if "objective_std" in t.columns else pd.Series(0.0, index=t.index)
+    keys = [candidate_rank(o, s, i, maximize=maximize) for o, s, i in zip(t["objective"], std, t["trial_id"], strict=True)]
+    order = [str(i) for _, i in sorted(zip(keys, t["trial_id"], strict=True))]
+    return em, order[:2]
 
 
 def runs_with_seeds(evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -557,7 +560,10 @@ def _tune_verdict(
         f"randomly drawn candidates goes from {em['expected_best'].iloc[0]:.4g} (n=1) to "
         f"{em['expected_best'].iloc[-1]:.4g} (n={n})."
     )
-    if len(top) > 1 and not v.comparisons.empty:
+    if len(top) > 1 and not v.comparisons.empty and v.comparisons.iloc[0]["diff_low"] == v.comparisons.iloc[0]["diff_high"] == 0:
+        c = v.comparisons.iloc[0]
+        s += f" Winner and runner-up tie on {c['split']} (every seed of both scores the same)."
+    elif len(top) > 1 and not v.comparisons.empty:
         c = v.comparisons.iloc[0]
         s += (
             f" Winner vs runner-up on {c['split']}: {c['better']} ahead by {c['diff']:.3g} "

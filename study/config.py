@@ -459,7 +459,23 @@ def parse_override(text: str) -> Override:
                           "null, [a, b] or {k: v}") from None
     if isinstance(value, str) and EXPONENT_RE.fullmatch(value):
         value = float(value)
+    glued = _glued_keys(value)
+    if glued:
+        spaced = ", ".join(k.replace(":", ": ", 1) for k in glued)
+        raise ConfigError(key, f"value {_short(value_text)} reads as keys {', '.join(map(repr, glued))} without "
+                          "values (YAML needs a space after each colon)", f"write {{{spaced}}}")
     return Override(text, key, value)
+
+
+def _glued_keys(value: Any) -> list[str]:
+    """Mapping keys like ``low:0`` with no value, at any depth: ``{low:0,high:0.3}`` in YAML
+    is two keys, not two fields."""
+    if isinstance(value, dict):
+        own = [k for k, v in value.items() if isinstance(k, str) and ":" in k and v is None]
+        return own + [g for v in value.values() for g in _glued_keys(v)]
+    if isinstance(value, list):
+        return [g for v in value for g in _glued_keys(v)]
+    return []
 
 
 def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override, ...]]:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from analysis.manifest import candidate_rank
 from study import manifest
 from trainables.errors import StudyStateError
 from trainables.results import readable, table_dir
@@ -185,6 +186,7 @@ def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str,
             "trial_id": trial_id,
             "state": state,
             "objective": t.user_attrs.get("objective", t.value) if state == "complete" else None,
+            "objective_std": t.user_attrs.get("objective_std") if state == "complete" else None,
             "planned": planned,
             "done": done,
             "ok": counts.get("ok", 0),
@@ -218,7 +220,8 @@ def tuning_lines(
               and math.isfinite(float(r["objective"]))]  # every seed diverged: NaN
     if scored:
         maximize = objective.get("direction") == "maximize"
-        best = (max if maximize else min)(scored, key=lambda r: float(r["objective"]))
+        best = min(scored, key=lambda r: candidate_rank(float(r["objective"]), r.get("objective_std"),
+                                                         str(r.get("trial_id", "")), maximize=maximize))
         what = " ".join(str(objective[k]) for k in ("split", "metric") if objective.get(k)) or "objective"
         lines.append(f"best so far: candidate {best['candidate']} ({labels.get(best['candidate'], '')}): "
                      f"{what} {float(best['objective']):.6g} ({objective.get('direction', 'minimize')})")

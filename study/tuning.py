@@ -82,7 +82,8 @@ from trainables.tuning_unit import (
 
 
 def ranking_sql(name: str, direction: str, space_keys: list[str], limit: int = 5) -> str:
-    """SQL ranking the fully committed candidates of ``name`` (best first), for `study sql`."""
+    """SQL ranking the fully committed candidates of ``name`` (best first), for `study sql`:
+    the order of :func:`analysis.verdict.candidate_rank`."""
     order = "DESC" if direction == "maximize" else "ASC"
     params = "".join(f"{param_column(k)}, " for k in space_keys)
     return (
@@ -214,9 +215,14 @@ def _check_resume(out: Path, name: str, block: TuneBlock) -> None:
     new, before = block.model_dump(mode="json"), old.get("tune") or {}
     changed = [k for k in SEARCH_IDENTITY if k in before and before[k] != new[k]]
     if changed:
+        a = manifest_mod.flatten({"tune": {k: before[k] for k in changed}})
+        b = manifest_mod.flatten({"tune": {k: new[k] for k in changed}})
+        diff = [f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         raise StudyStateError(
-            f"tuning study {name!r} in {out} was created with a different tune.{changed[0]}. "
-            "Fix: restore it to resume, or give a new --name to start a separate search"
+            f"tuning study {name!r} in {out} was created with a different search; changed: "
+            f"{'; '.join(diff[:manifest_mod.DIFF_LINES]) or 'tune.' + changed[0]}. Fix: `study resume {name} "
+            f"--out {out}` resumes it with the recorded config and overrides; or give a new --name to start a "
+            "separate search"
         )
 
 
@@ -334,8 +340,9 @@ def _tune_locked(
     stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else None
     record_last_run(out, name, causes, stopped or (str(oom) if oom is not None else None))  # for `study status`
     if errors or done < n_trials or interrupted:
-        again = f"study tune CONFIG --name {name} --out {out}" + (f" --address {address}" if address else "")
-        fix = f"re-run `{again}` (or `study resume {name} --out {out}`) to resume"
+        where = f" --address {address}" if address else ""
+        fix = (f"`study resume {name} --out {out}{where}` resumes it with the recorded config and overrides "
+               "(as does the same `study tune` command, overrides included)")
         if stopped is not None:
             why = stopped
         elif oom is not None:

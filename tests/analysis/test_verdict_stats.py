@@ -316,3 +316,24 @@ def test_a_one_config_sentence_gives_the_seed_spread() -> None:
     assert 0.5 <= lo < 0.7 < hi <= 0.9 and "indicative only" in s
     same = seed_spread_sentence(pd.Series([1.0] * 12), "exact", "len_10")
     assert same == "One config: len_10 exact is 1 for every one of its 12 seeds; the seed does not move it either."
+
+
+def test_tied_candidates_rank_by_spread_then_trial_id_everywhere() -> None:
+    """The verdict's winner and runner-up follow :func:`analysis.manifest.candidate_rank`,
+    the order of `study tune`'s ranking SQL and `--from-best` (before: the first maximum in
+    table order, so three parts of the tool named three different best candidates)."""
+    import duckdb
+
+    from analysis.manifest import candidate_rank
+    from analysis.verdict import tuning_section
+
+    trials = pd.DataFrame({"trial_id": ["feb7", "0d59", "aaaa", "zzzz"], "objective": [1.0, 1.0, 1.0, 0.5],
+                           "objective_std": [0.0, 0.0, 0.2, 0.0]})
+    _, top = tuning_section(trials, maximize=True)
+    assert top == ["0d59", "feb7"]
+    _, low = tuning_section(trials, maximize=False)
+    assert low == ["zzzz", "0d59"]
+    assert [r[0] for r in duckdb.sql("SELECT trial_id FROM trials ORDER BY objective DESC, objective_std, trial_id")
+            .fetchall()][:2] == top
+    assert candidate_rank(1.0, float("nan"), "a", maximize=True) > candidate_rank(1.0, 3.0, "b", maximize=True)
+

@@ -129,6 +129,10 @@ BAD: list[tuple[str, list[str], str]] = [
     ("delete", ["~train.lr=1"], "error: ~train.lr: deleting a field"),
     ("unknown-model-field", ["model.hiden_size=8"], "error: model.hiden_size: unknown field"),
     ("with-seeds", ["seeds.count=3", "--seeds", "4"], "error: --seeds: given together with the override seeds.count"),
+    # YAML reads {low:0,high:0.3} as two keys without values (before: "low: required field missing")
+    ("no-space-after-colon", ["tune.space.model.dropout={low:0,high:0.3}"],
+     "error: tune.space.model.dropout: value '{low:0,high:0.3}' reads as keys 'low:0', 'high:0.3' without values "
+     "(YAML needs a space after each colon). Fix: write {low: 0, high: 0.3}"),
 ]
 
 

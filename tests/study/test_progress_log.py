@@ -164,6 +164,12 @@ def test_a_tuning_searchs_lines_name_its_progress_its_best_candidate_and_the_las
         "search: 3 of 8 requested candidates finished (2 complete, 1 pruned), 1 failed, 1 running or waiting",
         "best so far: candidate 2 (lr=0.3): val_ood accuracy 0.9 (maximize)",
     ]
+    # ties: the smaller spread across seeds, then the trial_id, as `study tune`'s ranking,
+    # --from-best and the verdict order them (before: the first maximum in candidate order)
+    tied = [{**row(0, "complete", 1.0), "objective_std": 0.0, "trial_id": "feb7"},
+            {**row(1, "complete", 1.0), "objective_std": 0.0, "trial_id": "0d59"},
+            {**row(2, "complete", 1.0), "objective_std": 0.1, "trial_id": "0000"}]
+    assert tuning_lines(tmp_path, "t", tied, m, {})[1].startswith("best so far: candidate 1 ")
     m["objective"]["direction"] = "minimize"
     record_last_run(tmp_path, "t", [{"error": "boom", "line": "candidate failed: boom"}], "interrupted by SIGINT")
     lines = tuning_lines(tmp_path, "t", rows, m, labels)

@@ -296,7 +296,11 @@ def test_rerun_when_finished_starts_nothing_and_changed_search_is_refused(
     space = {**TUNE["space"], "train.lr": {"low": 0.05, "high": 1.0, "log": True}}
     changed.write_text(yaml.safe_dump({**CONFIG, "tune": {**TUNE, "space": space}}))
     res = cli("tune", str(changed), "--out", str(out), check=False)
-    assert res.returncode == 2 and "tune.space" in res.stderr and "--name" in res.stderr
+    assert res.returncode == 2 and "--name" in res.stderr
+    # what changed, by name (before: "a different tune.space" and nothing else)
+    low = TUNE["space"]["train.lr"]["low"]
+    assert f"changed: tune.space.train.lr.low {json.dumps(low)} -> 0.05" in " ".join(res.stderr.split()), res.stderr
+    assert f"`study resume {NAME} --out {out}` resumes it" in " ".join(res.stderr.split())
 
 
 @pytest.mark.slow  # ~14 s: a second study after the tuning
