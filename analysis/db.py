@@ -551,8 +551,13 @@ def _planned(m: Any) -> tuple[int | None, int | None]:
 
 
 def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
-    """``list_studies`` output as text table, CSV or JSON."""
-    return format_rows(infos, fmt, columns=list(StudyInfo.__dataclass_fields__))
+    """``list_studies`` output as text table, CSV or JSON; a table with a tuning study says
+    why its ``pending`` is blank."""
+    text = format_rows(infos, fmt, columns=list(StudyInfo.__dataclass_fields__))
+    if fmt == "table" and any(i.kind == "tune" for i in infos):
+        text += ("\n(pending is blank for a tuning study: a pruned candidate commits no runs; "
+                 "`study status NAME` counts its candidates by state)")
+    return text
 
 
 def outside_views_sql(out: Path | str) -> str:

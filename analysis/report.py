@@ -370,8 +370,9 @@ class Report:
         return render_html(self.study, self.header, self.spec())
 
     def save(self, to: Path, folder: bool = False) -> Path:
-        """Write to ``to`` (format by suffix, as in :func:`write_report`; ``folder``: one PNG
-        per chart inside it, whatever its suffix); returns ``to``."""
+        """Write to ``to`` (format by suffix, as in :func:`write_report`; ``folder``: the
+        header with the verdict, then one PNG per chart, inside it, whatever its suffix);
+        returns ``to``."""
         import vl_convert as vlc
 
         to = Path(to)
@@ -379,7 +380,9 @@ class Report:
         suffix = to.suffix.lower()
         if folder or to.is_dir() or suffix == "":
             to.mkdir(parents=True, exist_ok=True)
-            for i, p in enumerate(self.panels):
+            header = page_spec([Panel("header", charts.header_chart(self.header_lines), wide=True)], self.store)
+            (to / "00-verdict.png").write_bytes(vlc.vegalite_to_png(header, vl_version=vl_version(), scale=1.5))
+            for i, p in enumerate(self.panels, start=1):
                 png = vlc.vegalite_to_png(
                     to_spec(p.chart, self.store), vl_version=vl_version(), scale=1.5
                 )
@@ -466,7 +469,8 @@ def write_report(
     ``.png``, ``.svg`` or ``.pdf`` path -> the header (metadata, verdict sentence,
     warnings) and every chart in one image or document (vl-convert); an existing
     directory, a path without suffix, or any path with ``folder`` (``study report --to
-    DIR/``) -> one PNG per chart inside it (``00-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
+    DIR/``) -> the header (metadata, verdict sentence, warnings) as ``00-verdict.png``, then
+    one PNG per chart inside it (``01-distribution.png``...). Bootstrap intervals use ``n_boot`` replicates from
     ``default_rng(seed)``; ``band``: ``ci`` (95% bootstrap bands of means, the default) or
     ``minmax``; ``verdict_metric`` / ``verdict_splits`` as for :func:`build_report`.
     Progress goes to stderr unless ``quiet``. Raises

@@ -291,14 +291,13 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
         rows = [{**r, "point": point_label(r["point"])} for r in rows]
     typer.echo(format_rows(rows, fmt))
-    if fmt != "table":
-        return
+    labels = {r["candidate"]: point_label(r["point"]) for r in rows} if tuning else {}
     if tuning:
-        lines = tuning_lines(out, name, rows, m, {r["candidate"]: r["point"] for r in rows})
+        lines = tuning_lines(out, name, rows, m, labels)
     else:
-        lines = last_run_lines(out, name, {r["trial_id"]: r["point"] for r in rows}, runs)
-    for line in lines:
-        typer.echo(line)
+        lines = last_run_lines(out, name, {r["trial_id"]: point_label(r["point"]) for r in rows}, runs)
+    for line in lines:  # csv and json keep stdout to the rows: the lines go to stderr there
+        typer.echo(line, err=fmt != "table")
 
 
 @app.command()

@@ -344,5 +344,7 @@ def test_list_studies_counts_committed_runs(out: Path) -> None:
     assert (s2.done, s2.diverged, s2.pending) == (1, 1, None)
     lines = format_studies(list(infos.values())).splitlines()
     assert lines[0].split()[:4] == ["name", "kind", "task", "model"]
+    assert lines[-1].startswith("(pending is blank for a tuning study: a pruned candidate commits no runs")
+    assert "pending is blank" not in format_studies([s1, s2])
     listed = json.loads(format_studies(list_studies(out), "json"))
     assert [(r["name"], r["done"]) for r in listed] == [("planned_only", 0), ("s1", 2), ("s2", 1), ("s4", 1)]

@@ -140,9 +140,12 @@ def test_svg_and_directory_export(reports: dict[str, Report], tmp_path: Path) ->
     assert svg.read_text().lstrip().startswith("<svg")
     folder = report.save(tmp_path / "images")
     files = sorted(p.name for p in folder.iterdir())
-    assert len(files) == len(report.panels)
-    assert files[0] == "00-distribution.png" and any("scatter" in f for f in files)
+    assert len(files) == len(report.panels) + 1
+    # the verdict first, as in every other form of the report (before: the charts alone)
+    assert files[:2] == ["00-verdict.png", "01-distribution.png"] and any("scatter" in f for f in files)
     assert all(_png_size((folder / f).read_bytes())[0] > 100 for f in files)
+    verdict = report.save(tmp_path / "verdict.svg")  # the same header, as text in an SVG
+    assert " ".join(report.verdict.sentence.split()[:3]) in verdict.read_text()  # its first words
     # a folder named with a suffix (`study report --to figs.v2/`, `--to figs.png/`): one PNG
     # per chart inside it, not one image called figs.png (Path() drops the trailing slash)
     for name in ("figs.v2", "figs.png"):

@@ -223,7 +223,9 @@ def test_status_lists_each_candidate_with_its_state_and_the_best_so_far(tuned: d
     """`study status` of a tuning study: one row per Optuna candidate (it showed the base
     config as one pending grid point), its seeds committed, and the best candidate."""
     out = tuned["out"]
-    rows = json.loads(cli("status", NAME, "--out", str(out), "--format", "json").stdout)
+    as_json = cli("status", NAME, "--out", str(out), "--format", "json")
+    rows = json.loads(as_json.stdout)  # the rows alone; the search and best lines on stderr
+    assert "search: 6 of 6 requested candidates finished" in as_json.stderr and "best so far: candidate" in as_json.stderr
     study = load_study(out)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     assert [r["candidate"] for r in rows] == sorted(trials)
