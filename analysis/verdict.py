@@ -552,7 +552,8 @@ def _tune_verdict(
         both, order, higher_is_better=hib, level=level, n_boot=n_boot, seed=seed
     )
     best = trials.set_index("trial_id").loc[top[0], "objective"]
-    label = ctx.labels.get(top[0], top[0])
+    mine = ok.loc[ok["trial_id"] == top[0], "point"] if "point" in ok.columns else pd.Series(dtype=object)
+    label = str(mine.iloc[0]) if len(mine) else ctx.labels.get(top[0], top[0])  # as the comparisons name it
     em = v.expected_max
     n = len(em)
     s = (

@@ -107,6 +107,9 @@ def test_tuning_verdict_has_expected_best_and_winner_vs_runner_up(out: Path) -> 
     first = v["comparisons"][0]
     assert first["split"] == "val_ood accuracy (objective)"
     assert "Best of 6 candidates" in v["sentence"] and "Winner vs runner-up" in v["sentence"]
+    # the winner is named as the comparisons name it (its parameters), and sits in their better column
+    named = v["sentence"].split("Best of 6 candidates: ")[1].split(" (objective")[0]
+    assert first["better"] == named and first["worse"] != named, (named, first)
 
 
 def test_analyze_text_shows_the_verdict_first(out: Path) -> None:
