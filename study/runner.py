@@ -273,8 +273,14 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
             check_data_seeded(spec, task, task_data)
         where = f" (grid point {point.values})" if point.values else ""
         try:
-            with blame(spec, "building the model (sized on torch's meta device)"):
+            try:
                 params, need = seed_bytes(spec, task_data.meta)
+            except ConfigError:
+                raise  # the model's own refusal (a size its task cannot take)
+            except Exception:
+                if not plugin:
+                    raise  # a built-in model that the meta device cannot build: a fineline bug
+                params, need = 0, 0  # plugin code that needs real values: the rehearsal builds it for real
             free = psutil.virtual_memory().available
             if need > free and local and not on_gpu:
                 raise ConfigError(

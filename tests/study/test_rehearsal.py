@@ -222,3 +222,23 @@ def test_blame_names_plugin_code_but_keeps_a_fineline_bug_as_it_is() -> None:
     builtin = RunSpec.from_dict({"task": {"name": "toy2d"}, "model": {"name": "mlp"}})
     with pytest.raises(ValueError, match="a bug"), blame(builtin, "the first training step"):
         raise ValueError("a bug")
+
+
+def test_a_plugin_model_the_meta_device_cannot_build_is_rehearsed_for_real(tmp_path: Path) -> None:
+    """A constructor that reads a value (``.item()``) cannot run on the meta device: sizing
+    gives up on it and the rehearsal builds it for real, so a correct plugin is not refused
+    (and a mistake in it is still found)."""
+    home, cwd = tmp_path / "study", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    source = (
+        "class Scaled(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(2, 2)\n        self.scale = float(self.lin.weight.abs().max().item()) + 1.0\n"
+        "    def forward(self, x):\n        return self.lin(x) / self.scale\n"
+        "@MODELS.register\nclass Reads(Model):\n    name = 'reads_values'\n"
+        "    def build_module(self, config, meta):\n        return Scaled()\n"
+    )
+    (home / PLUGIN.name).write_text(PLUGIN.read_text() + HEAD + source)
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, model={"name": "reads_values"}, seeds={"count": 1})))
+    res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
+    assert res.returncode == 0, res.stderr
