@@ -50,6 +50,11 @@ class PluginError(FinelineError):
     """A plugin could not be loaded, or registers something invalid or twice."""
 
 
+class NameClash(PluginError):
+    """Two classes registered under one name: never a mere warning, since a study naming it
+    could otherwise run the other class."""
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a plugin module came from, for messages and ``study plugins``."""
@@ -144,7 +149,9 @@ class _Loader:
                 continue
             try:  # another package's plugin: a broken one must not stop studies that do not use it
                 self.import_module(ep.value.split(":")[0], origin, fix)
-            except PluginError as exc:
+            except NameClash:
+                raise
+            except PluginError as exc:  # what it registered before failing is hidden (Registry)
                 text = str(exc) if uninstall in str(exc) else f"{exc}; or {uninstall}"
                 self.broken[str(origin)] = text
                 log.warning("warning: %s (its tasks and models are unavailable)", text)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, get_args
 from trainables.configbase import FrozenConfig
 from trainables.data import DataKind
 from trainables.errors import ConfigError
-from trainables.plugins import LOADER, Origin, PluginError, current_origin, load_entry_points
+from trainables.plugins import LOADER, NameClash, Origin, PluginError, current_origin, load_entry_points
 
 if TYPE_CHECKING:
     from trainables.models.base import Model
@@ -79,7 +79,7 @@ class Registry(Generic[T]):
             self._items[name] = entry  # the same class again (a module imported twice)
             return cls
         if old is not None:
-            raise PluginError(
+            raise NameClash(
                 f"{self.kind} {name!r} is registered twice: by {old.source} and by {entry.source}. "
                 f"Fix: give one of them another `name`, or drop one of the two plugins"
             )
@@ -123,10 +123,18 @@ class Registry(Generic[T]):
             todo = ", ".join(sorted(cls.__abstractmethods__))  # type: ignore[attr-defined]
             raise PluginError(f"{where} does not implement {todo}. Fix: define them")
 
-    def get(self, name: str) -> type[T]:
+    def _live(self) -> dict[str, Entry[T]]:
+        """The entries, less those of installed plugins that failed to import (a class they
+        registered before failing belongs to a half-loaded module)."""
         load_entry_points()
-        if name not in self._items:
-            valid = ", ".join(sorted(self._items)) or "(none)"
+        if not LOADER.broken:
+            return self._items
+        return {n: e for n, e in self._items.items() if e.origin is None or str(e.origin) not in LOADER.broken}
+
+    def get(self, name: str) -> type[T]:
+        items = self._live()
+        if name not in items:
+            valid = ", ".join(sorted(items)) or "(none)"
             broken = "; ".join(LOADER.broken.values())
             raise ConfigError(
                 self.field,
@@ -135,19 +143,18 @@ class Registry(Generic[T]):
                 f"use one of: {valid}; a {self.kind} from another package must be installed "
                 f"(entry point) or listed under `plugins:` in the study file (docs/plugins.md)",
             )
-        return self._items[name].cls
+        return items[name].cls
 
     def entry(self, name: str) -> Entry[T]:
         self.get(name)
         return self._items[name]
 
     def names(self) -> list[str]:
-        load_entry_points()
-        return sorted(self._items)
+        return sorted(self._live())
 
     def entries(self) -> list[Entry[T]]:
-        load_entry_points()
-        return [self._items[n] for n in sorted(self._items)]
+        items = self._live()
+        return [items[n] for n in sorted(items)]
 
     def __iter__(self) -> Iterator[type[T]]:
         return iter([e.cls for e in self.entries()])

@@ -225,15 +225,23 @@ def test_plugins_must_be_module_names(folders: tuple[Path, Path]) -> None:
     assert line.startswith("error: plugins: './blobs_task' is not a module name"), line
 
 
-def broken_installed_plugin(root: Path) -> dict[str, str]:
+HALF_LOADED = (
+    "from trainables.models.mlp import MLP\nfrom trainables.registry import MODELS\n\n"
+    "@MODELS.register\nclass Half(MLP):\n    name = 'half_loaded_mlp'\n\n"
+    "import fineline_missing_dependency\n"
+)
+"""Registers a model, then fails to import: what it registered must not be used."""
+
+
+def broken_installed_plugin(root: Path, source: str = HALF_LOADED) -> dict[str, str]:
     """A distribution ``broken-plugin 1.0`` on ``PYTHONPATH`` (a dist-info folder, as pip
-    writes it, found by importlib.metadata) whose entry point imports a missing package."""
+    writes it, found by importlib.metadata) whose entry point module is ``source``."""
     site = root / "site"
     info = site / "broken_plugin-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[fineline.plugins]\nbroken = broken_plugin\n")
-    (site / "broken_plugin.py").write_text("import fineline_missing_dependency\n")
+    (site / "broken_plugin.py").write_text(source)
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
 
 
@@ -248,17 +256,17 @@ def test_a_broken_installed_plugin_is_a_warning_for_studies_that_do_not_use_it(
         monkeypatch.setenv(key, value)
     listed = study(cwd, "plugins", "--format", "csv")
     assert listed.returncode == 0, listed.stderr
-    assert "symbol_rewriting" in listed.stdout
+    assert "symbol_rewriting" in listed.stdout and "half_loaded_mlp" not in listed.stdout
     (warning,) = [ln for ln in listed.stderr.splitlines() if ln.strip()]
     assert warning.startswith("warning: plugin broken_plugin (entry point 'broken' of broken-plugin 1.0) "
                               "failed to import: ModuleNotFoundError"), warning
     assert "install the package that provides `fineline_missing_dependency`" in warning
     assert "pip uninstall broken-plugin" in warning and "unavailable" in warning
-    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, model={"name": "broken_mlp"})))
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, model={"name": "half_loaded_mlp"})))
     res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"))
     assert res.returncode == 2, res.stderr
     error = res.stderr.strip().splitlines()[-1]
-    assert error.startswith("error: model.name: unknown model 'broken_mlp' (an installed plugin that may "
+    assert error.startswith("error: model.name: unknown model 'half_loaded_mlp' (an installed plugin that may "
                             "provide it failed to import: plugin broken_plugin"), error
     assert not (cwd / "results").exists()
     ok = study(cwd, "run", str(home / "study.yaml"), "model.name=mlp", "seeds.count=1", "--out",
@@ -294,3 +302,18 @@ def test_changed_plugin_code_is_recorded_per_trial_and_warned_about(folders: tup
     # the model is fineline's own: its code is fineline's version and git sha, not a plugin entry
     (keys,) = duckdb.sql(f"SELECT versions_json FROM read_parquet('{out}/tables/trials/**/*.parquet') LIMIT 1").fetchall()
     assert "plugin model" not in keys[0]
+
+
+def test_an_installed_plugin_that_takes_a_builtin_name_stops_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name registered twice is never a mere warning: a study naming it could run the
+    other class."""
+    clash = ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
+             "@TASKS.register\nclass Mine(Toy2D):\n    pass\n")
+    for key, value in broken_installed_plugin(tmp_path, clash).items():
+        monkeypatch.setenv(key, value)
+    res = study(tmp_path, "plugins")
+    assert res.returncode == 2, res.stderr
+    assert "error: task 'toy2d' is registered twice: by trainables.tasks.toy2d.Toy2D" in res.stderr
+
