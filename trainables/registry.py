@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Generic, TypeVar, get_args
 from trainables.configbase import FrozenConfig
 from trainables.data import DataKind
 from trainables.errors import ConfigError
-from trainables.plugins import LOADER, NameClash, Origin, PluginError, current_origin, load_entry_points
+from trainables.plugins import (
+    LOADER,
+    NameClash,
+    Origin,
+    PluginError,
+    current_origin,
+    load_entry_points,
+)
 
 if TYPE_CHECKING:
     from trainables.models.base import Model
