@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainables.errors import StudyStateError
+from trainables.errors import FinelineError, StudyStateError
 
 LOCK_FILE = "driver.lock"
 """The lock's file name inside the study folder."""
@@ -52,10 +52,13 @@ def study_lock(out: Path, name: str) -> Iterator[Path]:
 
     Raises :class:`StudyLocked` naming the holder's pid and host when another process holds
     it. Re-entrant use in one process is not supported (a second ``study_lock`` of the same
-    study from the same process is refused like another driver)."""
+    study from the same process is refused like another driver). A block refused with exit
+    code 2 (a changed config, a split that is not there) leaves an existing lock file's
+    modification time as it was: a refused command changes nothing in OUT."""
     folder = Path(out) / name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
+    before = path.stat() if path.exists() else None
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
@@ -81,10 +84,16 @@ def study_lock(out: Path, name: str) -> Iterator[Path]:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
+        refused = False
         try:
             yield path
+        except FinelineError as exc:
+            refused = getattr(exc, "exit_code", 2) == 2
+            raise
         finally:
             os.ftruncate(fd, 0)
+            if refused and before is not None:
+                os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)  # closing the descriptor releases the flock
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
@@ -97,3 +98,22 @@ def test_second_driver_refused_and_lock_released_by_sigkill(tmp_path: Path) -> N
             for r in pq.read_table(p, columns=["trial_id", "seed"]).to_pylist()]
     assert len(rows) == len({(r["trial_id"], r["seed"]) for r in rows}) == SEEDS
     assert lock.read_text() == ""  # released: the holder's details are cleared
+
+
+def test_a_refused_command_leaves_the_lock_files_time_as_it_was(tmp_path: Path) -> None:
+    """A command refused under the lock (exit 2: a changed config, an unknown split for
+    `study eval`) changes nothing in OUT, the lock file's modification time included; a
+    command that ran, or failed (exit 1), leaves its own time."""
+    from study.lock import study_lock
+    from trainables.errors import ConfigError, StudyIncomplete
+
+    (tmp_path / "s").mkdir()
+    lock = tmp_path / "s" / LOCK_FILE
+    lock.touch()
+    os.utime(lock, (1_600_000_000, 1_600_000_000))
+    with pytest.raises(ConfigError), study_lock(tmp_path, "s"):
+        raise ConfigError("--split", "no split 'nosuch'", "name a split of the study")
+    assert lock.stat().st_mtime == 1_600_000_000 and lock.read_bytes() == b""
+    with pytest.raises(StudyIncomplete), study_lock(tmp_path, "s"):
+        raise StudyIncomplete("runs failed", exit_code=1)
+    assert lock.stat().st_mtime > 1_600_000_000
