@@ -288,14 +288,14 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     runs = committed_runs(out, name)  # read once: the table and the failure lines both need it
     tuning = m.get("kind") == "tune"
     rows = (tuning_status if tuning else study_status)(out, name, m, runs)
-    if fmt == "table":  # the label `study analyze` prints; csv and json keep the point as JSON
-        rows = [{**r, "point": point_label(r["point"])} for r in rows]
+    labels = [point_label(r["point"]) for r in rows]  # the label `study analyze` prints
+    if fmt == "table":  # csv and json keep the point as JSON
+        rows = [{**r, "point": label} for r, label in zip(rows, labels, strict=True)]
     typer.echo(format_rows(rows, fmt))
-    labels = {r["candidate"]: point_label(r["point"]) for r in rows} if tuning else {}
     if tuning:
-        lines = tuning_lines(out, name, rows, m, labels)
+        lines = tuning_lines(out, name, rows, m, {r["candidate"]: lb for r, lb in zip(rows, labels, strict=True)})
     else:
-        lines = last_run_lines(out, name, {r["trial_id"]: point_label(r["point"]) for r in rows}, runs)
+        lines = last_run_lines(out, name, {r["trial_id"]: lb for r, lb in zip(rows, labels, strict=True)}, runs)
     for line in lines:  # csv and json keep stdout to the rows: the lines go to stderr there
         typer.echo(line, err=fmt != "table")
 

@@ -315,19 +315,16 @@ def plugin_sources(cfg: StudyConfig) -> dict[str, str]:
 
 def plugin_code(cfg: StudyConfig) -> dict[str, str]:
     """The code of the study's plugin tasks and models, by name (``task X`` / ``model Y``):
-    the distribution and version that installed it, if any, and a SHA-256 over the ``.py``
+    the distribution and version whose entry point registered it, if any, and a SHA-256 over the ``.py``
     files of the package (or module) that defines the class. fineline's own classes are
     covered by ``version`` and ``git_sha``."""
-    from importlib.metadata import packages_distributions, version
-
     from trainables.registry import MODELS, TASKS
 
-    dists = packages_distributions()
     out: dict[str, str] = {}
     for p in cfg.points:
-        for kind, cls in (("task", TASKS.get(p.spec.task_name)), ("model", MODELS.get(p.spec.model_name))):
-            top_name = cls.__module__.split(".")[0]
-            if top_name == "trainables" or f"{kind} {cls.name}" in out:  # type: ignore[attr-defined]
+        for kind, entry in (("task", TASKS.entry(p.spec.task_name)), ("model", MODELS.entry(p.spec.model_name))):
+            top_name = entry.cls.__module__.split(".")[0]
+            if top_name == "trainables" or f"{kind} {entry.cls.name}" in out:  # type: ignore[attr-defined]
                 continue
             top = sys.modules[top_name]
             paths = list(getattr(top, "__path__", None) or [])
@@ -335,9 +332,9 @@ def plugin_code(cfg: StudyConfig) -> dict[str, str]:
             digest = hashlib.sha256()
             for f in files:
                 digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-            installed = [f"{d} {version(d)}" for d in dists.get(top_name, [])]
-            where = ", ".join(installed) or (files[0].name if not paths else f"{top_name}/")
-            out[f"{kind} {cls.name}"] = f"{where}, sha256:{digest.hexdigest()[:16]}"  # type: ignore[attr-defined]
+            dist = entry.origin.dist if entry.origin is not None else ""
+            where = dist or (files[0].name if not paths else f"{top_name}/")
+            out[f"{kind} {entry.cls.name}"] = f"{where}, sha256:{digest.hexdigest()[:16]}"  # type: ignore[attr-defined]
     return out
 
 

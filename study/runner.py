@@ -219,6 +219,17 @@ def resolve_device(cfg: StudyConfig) -> str:
     return dev
 
 
+def built_data(spec: Any, task: Any, cache: dict[str, tuple[Any, Any]], key: str) -> Any:
+    """``task``'s data for data seed 0, built once per task config ``key`` (kept in
+    ``cache`` as ``(task, data)``); a plugin's exception names its line (``blame``)."""
+    from trainables.rehearsal import blame
+
+    if key not in cache:
+        with blame(spec, "building the task's data (data seed 0)", "task"):
+            cache[key] = (task, task.build(0))
+    return cache[key][1]
+
+
 def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = None,
                 local: bool = True) -> None:
     """Run what trials would run first, once, before Ray, for each distinct (task, model):
@@ -241,7 +252,6 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
     import psutil
 
     from trainables.rehearsal import (
-        blame,
         check_data_seeded,
         is_builtin,
         needs_rehearsal,
@@ -262,12 +272,10 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
         if key in seen:
             continue
         seen.add(key)
-        if not is_builtin(type(task := spec.make_task())) and not task.rehearsable():
+        task = data[key[0]][0] if key[0] in data else spec.make_task()
+        if not is_builtin(type(task)) and not task.rehearsable():
             continue
-        if key[0] not in data:
-            with blame(spec, "building the task's data (data seed 0)", "task"):
-                data[key[0]] = (task, task.build(0))
-        task, task_data = data[key[0]]
+        task_data = built_data(spec, task, data, key[0])
         if plugin and not is_builtin(type(task)) and key[0] not in seeded:
             seeded.add(key[0])
             check_data_seeded(spec, task, task_data)
@@ -336,9 +344,8 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
             with blame(point.spec, "the task's check()", "task"):
                 task.check()
             if type(task).split_roles is Task.split_roles:  # the default builds the data: keep it
-                with blame(point.spec, "building the task's data (data seed 0)", "task"):
-                    built[key] = (task, task.build(0))
-                roles_of[key] = {name: split.role for name, split in built[key][1].splits.items()}
+                splits = built_data(point.spec, task, built, key).splits
+                roles_of[key] = {name: split.role for name, split in splits.items()}
             else:
                 with blame(point.spec, "the task's split_roles()", "task"):
                     roles_of[key] = dict(task.split_roles())

@@ -62,6 +62,8 @@ class Origin:
     module: str
     how: str
     """``entry point NAME of DIST VERSION`` or ``study file plugins: (PATH)``."""
+    dist: str = ""
+    """``DIST VERSION`` of the distribution whose entry point it is ("" for ``plugins:``)."""
 
     def __str__(self) -> str:
         return f"{self.module} ({self.how})"
@@ -141,7 +143,7 @@ class _Loader:
         for ep in eps:
             dist = ep.dist
             label = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
-            origin = Origin(ep.value, f"entry point {ep.name!r} of {label}")
+            origin = Origin(ep.value, f"entry point {ep.name!r} of {label}", label if dist is not None else "")
             uninstall = f"uninstall it (`pip uninstall {dist.name if dist else ep.name}`) to run without it"
             fix = f"fix the module or reinstall {label}; or {uninstall}"
             if _dist(ep) == BUILTIN_DIST:
@@ -164,22 +166,32 @@ def _dist(ep: md.EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else ""
 
 
-def _last_frame(exc: BaseException, module: str | None = None) -> str:
-    """`` (at FILE:LINE)`` of the innermost frame in the plugin's own files (``module``'s
-    top-level package), else the innermost outside the standard library and installed
-    libraries (a pydantic error raised for a plugin's class names the plugin's line, not
-    pydantic's), else the innermost of all."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "importlib" not in f.filename and f.filename != __file__]
-    top = (module or "").split(".")[0]
-    library = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) + "/" for k in ("stdlib", "purelib", "platlib"))
-    own = [f for f in frames if top and (f"/{top}/" in f.filename or f.filename.endswith(f"/{top}.py"))]
-    outside = [f for f in frames if not str(Path(f.filename).resolve()).startswith(library)]
-    chosen = own or outside or frames
-    if not chosen:
-        return ""
-    f = chosen[-1]
-    return f" (at {f.filename}:{f.lineno})"
+_FINELINE = tuple(str(Path(__file__).resolve().parents[1] / d) + "/" for d in ("trainables", "study", "analysis"))
+_LIBRARY = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) + "/" for k in ("stdlib", "purelib", "platlib"))
+
+
+def plugin_frame(exc: BaseException, tops: Sequence[str]) -> traceback.FrameSummary | None:
+    """The innermost frame of ``exc`` in a plugin's own files (the top-level packages or
+    modules named in ``tops``), else the innermost in code that is neither fineline's, nor
+    the standard library's, nor an installed library's (a pydantic error raised for a
+    plugin's class names the plugin's line, not pydantic's), else None."""
+    frames = [(f, str(Path(f.filename).resolve())) for f in reversed(traceback.extract_tb(exc.__traceback__))
+              if not f.filename.startswith("<")]  # importlib's frozen frames
+    for f, path in frames:
+        if any(f"/{t}/" in path or path.endswith(f"/{t}.py") for t in tops if t):
+            return f
+    return next((f for f, path in frames if not path.startswith(_FINELINE + _LIBRARY)), None)
+
+
+def _last_frame(exc: BaseException, module: str) -> str:
+    """`` (at FILE:LINE)`` of :func:`plugin_frame` for plugin ``module``, else of the
+    innermost frame outside importlib and this file, else ""."""
+    f = plugin_frame(exc, [module.split(".")[0]])
+    if f is None:
+        rest = [f for f in traceback.extract_tb(exc.__traceback__)
+                if not f.filename.startswith("<") and f.filename != __file__]
+        f = rest[-1] if rest else None
+    return f" (at {f.filename}:{f.lineno})" if f is not None else ""
 
 
 def load_entry_points() -> None:

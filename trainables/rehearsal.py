@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-import sys
-import sysconfig
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +41,7 @@ from torch.utils._device import _device_constructors  # the factories torch.devi
 from trainables.data import Arrays, Split, TaskData, head
 from trainables.errors import ConfigError, FinelineError
 from trainables.loop import BundleRun
+from trainables.plugins import plugin_frame
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import derive_seedset
 from trainables.spec import RunSpec
@@ -50,12 +49,6 @@ from trainables.tasks.base import Task
 
 ROWS = 8
 """Examples of each split the rehearsal uses (the training batch is at most this)."""
-
-_FINELINE = tuple(str(Path(__file__).resolve().parents[1] / d) + "/" for d in ("trainables", "study", "analysis"))
-_LIBRARY = tuple(
-    str(Path(p).resolve()) + "/" for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
-)
-
 
 def is_builtin(cls: type) -> bool:
     """True for fineline's own tasks and models (their module lives in ``trainables``)."""
@@ -67,31 +60,10 @@ def needs_rehearsal(spec: RunSpec) -> bool:
     return not (is_builtin(TASKS.get(spec.task_name)) and is_builtin(MODELS.get(spec.model_name)))
 
 
-def _home(cls: type) -> str | None:
-    """The folder of the package (or the file of the module) that defines ``cls``."""
-    top = sys.modules.get(cls.__module__.split(".")[0])
-    if top is None:
-        return None
-    paths = list(getattr(top, "__path__", None) or [])
-    if paths:
-        return str(Path(paths[0]).resolve()) + "/"
-    file = getattr(top, "__file__", None)
-    return str(Path(file).resolve()) if file else None
-
-
 def _user_frame(exc: BaseException, spec: RunSpec) -> traceback.FrameSummary | None:
-    """The innermost frame of ``exc`` in the plugin's package (else in any code that is
-    neither fineline's nor the standard library's nor an installed library's), or None."""
-    frames = [(f, str(Path(f.filename).resolve())) for f in reversed(traceback.extract_tb(exc.__traceback__))]
-    homes = [h for cls in (TASKS.get(spec.task_name), MODELS.get(spec.model_name))
-             if not is_builtin(cls) and (h := _home(cls)) is not None]
-    for f, path in frames:
-        if any(path == h or path.startswith(h) for h in homes):
-            return f
-    for f, path in frames:
-        if not (path.startswith(_FINELINE) or path.startswith(_LIBRARY) or f.filename.startswith("<")):
-            return f
-    return None
+    """The innermost frame of ``exc`` in the pair's plugin code (:func:`plugin_frame`)."""
+    classes = (TASKS.get(spec.task_name), MODELS.get(spec.model_name))
+    return plugin_frame(exc, [c.__module__.split(".")[0] for c in classes if not is_builtin(c)])
 
 
 @contextlib.contextmanager
