@@ -54,8 +54,11 @@ def study_lock(out: Path, name: str) -> Iterator[Path]:
     it. Re-entrant use in one process is not supported (a second ``study_lock`` of the same
     study from the same process is refused like another driver). A block refused with exit
     code 2 (a changed config, a split that is not there) leaves an existing lock file's
-    modification time as it was: a refused command changes nothing in OUT."""
+    modification time as it was, and one that created the study folder (and OUT) removes them
+    again, lock file included, when nothing else was written there: a refused command changes
+    nothing in OUT."""
     folder = Path(out) / name
+    created = [d for d in (folder, *folder.parents) if not d.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     before = path.stat() if path.exists() else None
@@ -94,8 +97,21 @@ def study_lock(out: Path, name: str) -> Iterator[Path]:
             os.ftruncate(fd, 0)
             if refused and before is not None:
                 os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
+            if refused and before is None:
+                _forget(path, created)
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _forget(lock: Path, created: list[Path]) -> None:
+    """Remove the lock file a refused command created, then the folders it created (innermost
+    first), each only while empty: the study's files, or another driver's, are never touched."""
+    lock.unlink(missing_ok=True)
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (or gone): what is in it is not ours to remove
+            return
 
 
 def writer(out: Path, name: str) -> str | None:

@@ -338,10 +338,11 @@ def plugin_code(cfg: StudyConfig) -> dict[str, str]:
     return out
 
 
-def run_versions(cfg: StudyConfig) -> dict[str, str]:
+def run_versions(manifest: dict[str, Any]) -> dict[str, str]:
     """What a trial row's ``versions_json`` records: :func:`versions` and, as ``plugin task
-    X`` / ``plugin model Y``, the plugin code (:func:`plugin_code`)."""
-    return versions() | {f"plugin {k}": v for k, v in plugin_code(cfg).items()}
+    X`` / ``plugin model Y``, the plugin code that :func:`prepare` recorded in ``manifest``
+    (:func:`plugin_code`; hashed once per start)."""
+    return versions() | {f"plugin {k}": v for k, v in (manifest.get("plugin_code") or {}).items()}
 
 
 def changed_plugin_code(old: dict[str, Any] | None, now: dict[str, str]) -> list[str]:

@@ -474,8 +474,8 @@ def _run_locked(
     facts: dict[str, Any],
 ) -> dict[str, int]:
     """:func:`run_study` once its inputs are checked and this driver holds the study's lock."""
-    manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
-    meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.run_versions(cfg)}
+    manifest = manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
+    meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.run_versions(manifest)}
     device = resolve_device(cfg)
     from study.check import quarantine_damaged
 

@@ -94,8 +94,12 @@ def ranking_sql(name: str, direction: str, space_keys: list[str], limit: int = 5
     )
 
 
-def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path) -> dict[str, Any]:
-    """Everything candidates share; a worker adds the sampled params (``unit_from_template``)."""
+def candidate_template(
+    cfg: StudyConfig, block: TuneBlock, name: str, out: Path, manifest: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Everything candidates share; a worker adds the sampled params (``unit_from_template``).
+    ``manifest`` is what :func:`study.manifest.prepare` wrote (its plugin code hashes); without
+    it the plugin code is hashed here."""
     point = cfg.points[0]
     spec = point.spec.to_dict()
     spec["train"]["curve_splits"] = list(
@@ -116,7 +120,8 @@ def candidate_template(cfg: StudyConfig, block: TuneBlock, name: str, out: Path)
         "plugins": list(cfg.plugins),
         "config_hash": cfg.identity_hash,
         "git_sha": manifest_mod.git_sha(),
-        "versions_json": json.dumps(manifest_mod.run_versions(cfg)),
+        "versions_json": json.dumps(manifest_mod.run_versions(
+            manifest or {"plugin_code": manifest_mod.plugin_code(cfg)})),
         "space_keys": list(block.space),
         "objective": {**block.objective.model_dump(), "direction": block.direction},
     }
@@ -274,8 +279,8 @@ def _tune_locked(
         "optuna_storage": url,
         "objective": {**block.objective.model_dump(), "direction": block.direction},
     }
-    manifest_mod.prepare(out, name, cfg, "tune", analysis, extra)
-    template = candidate_template(cfg, block, name, out)
+    manifest = manifest_mod.prepare(out, name, cfg, "tune", analysis, extra)
+    template = candidate_template(cfg, block, name, out, manifest)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(url)
     study = optuna.create_study(

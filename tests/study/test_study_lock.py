@@ -117,3 +117,19 @@ def test_a_refused_command_leaves_the_lock_files_time_as_it_was(tmp_path: Path) 
     with pytest.raises(StudyIncomplete), study_lock(tmp_path, "s"):
         raise StudyIncomplete("runs failed", exit_code=1)
     assert lock.stat().st_mtime > 1_600_000_000
+
+
+def test_a_refused_brand_new_study_leaves_no_folder_behind(tmp_path: Path) -> None:
+    """A brand-new study refused under its lock (exit 2) removes the lock file and the folders
+    the command created (OUT included), but never a folder that holds anything else."""
+    from study.lock import study_lock
+    from trainables.errors import ConfigError
+
+    out = tmp_path / "new" / "results"
+    with pytest.raises(ConfigError), study_lock(out, "s"):
+        raise ConfigError("--address", "the cluster refused the token", "give the cluster's token")
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConfigError), study_lock(out, "s") as lock:
+        (lock.parent / "keep.txt").write_text("written before the refusal")
+        raise ConfigError("--address", "refused", "fix it")
+    assert sorted(p.name for p in (out / "s").iterdir()) == ["keep.txt"]
