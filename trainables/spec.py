@@ -37,7 +37,7 @@ class SelectionConfig(FrozenConfig):
     early_stop: bool = True
     """Stop a run once the metric fails to improve for ``patience`` consecutive evaluations."""
     patience: int = Field(1, ge=1)
-    """Consecutive non-improving evaluations that stop a run (1 = the paper's rule)."""
+    """Consecutive non-improving evaluations that stop a run (1: the first one stops it)."""
     arm_above: float | None = None
     """Early stopping is armed only once the best value is above this (max mode) or below it
     (min mode); ``null`` arms it at once. With early stopping the level also defines a run

@@ -20,7 +20,7 @@ from trainables.spec import RunSpec
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 PINNED = {
-    "elnaggar2022": ["ec9167e0cadc81c1", "23ef44bd82af7d97", "b456e27be9234682"],  # e2f5446d..., 20f997f6..., 47ec4093... before Suzgun's very-long sampler
+    "elnaggar2022": ["aaf281a180df4c10", "9362acd110524d98", "e607453ba50497f1"],  # ec9167e0..., 23ef44bd..., b456e27b... before the final weights and the authors' checkpoints; e2f5446d..., 20f997f6..., 47ec4093... before Suzgun's very-long sampler
     "grokking_cpu": ["aef8eedee84bf11c", "024bcaf9216fcca5", "505b0e615067f4b0", "0df7a0e64150fd58"],
     "grokking_gpu": ["0163a0587efe8be2", "15f16968e3a69d84", "643907bf0740331b", "3cad894cbc31b179",
                      "07327d621631af66", "473cde2c84793038", "e04b0a0cf20dd481", "416a5779ec64db85",
@@ -51,7 +51,7 @@ feeding and sum / sentences loss in weber2018 and its tuning study, the paper's 
 budget in sutskever2014, Keras's init in li2021_mnist, TF's init and the 8-dim target
 embedding in li2021_scan and then its TensorFlow 1 attention wrapper (input feeding, no tanh)
 and loss (sum / batch) and then its batches drawn with replacement and then its end-of-input
-token and 7 output classes and then its move to the fast path's bundled input feeding, Suzgun et al.'s very-long sampler in elnaggar2022, TensorFlow
+token and 7 output classes and then its move to the fast path's bundled input feeding, Suzgun et al.'s very-long sampler in elnaggar2022 and then its final-epoch weights and the authors' checkpoint epochs, TensorFlow
 Playground's training in li2021_toy and then its fixed data order); the comments keep their
 earlier ids. Every other change must keep them."""
 

@@ -86,7 +86,7 @@ def feature_shape(input_shape: Sequence[int], channels: tuple[int, int]) -> tupl
 
 
 class ConvNetConfig(ClassifierConfig):
-    """Bundled convnet settings (defaults: Li et al. 2021; ``init`` as in ClassifierConfig)."""
+    """Bundled convnet settings (``init`` as in ClassifierConfig)."""
 
     channels: tuple[int, int] = (32, 64)
     """Output channels of the two 3x3 convolutions."""

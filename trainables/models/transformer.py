@@ -79,7 +79,8 @@ IGNORE = -100
 
 
 class TransformerConfig(FrozenConfig):
-    """Decoder-only Transformer settings (defaults: Nanda et al.'s grokking sizes)."""
+    """Decoder-only Transformer settings (the default sizes are Nanda et al.'s grokking
+    model's; a study file states what it uses)."""
 
     d_model: int = Field(128, ge=1)
     """Width of the residual stream (embeddings, attention, block outputs)."""
