@@ -127,12 +127,10 @@ def summary_table(
     rows = []
     split_rank = {s: i for i, s in enumerate(ctx.splits)}
     is_ok = e["status"].fillna("ok") == "ok"
-    for g, ((point, split, metric), sub) in enumerate(
-        e.groupby(["point", "split", "metric"], sort=False)
-    ):
+    for (point, split, metric), sub in e.groupby(["point", "split", "metric"], sort=False):
         good = sub.loc[is_ok.loc[sub.index], "value"]
         d = stats.describe(good)
-        ci = iv.mean_interval(good, level=level, n_boot=n_boot, seed=seed + g)
+        ci = iv.mean_interval(good, level=level, n_boot=n_boot, seed=seed)
         rows.append(
             (point, split, ctx.roles.get(split), metric, d["n"], d["mean"], d["std"], d["min"],
              d["median"], d["max"], ci.low, ci.high, ci.method, len(sub) - len(good),
@@ -192,18 +190,19 @@ def verdict_text(v: vd.Verdict) -> list[str]:
     if not v.sources.empty:
         t = v.sources.assign(
             share=v.sources["share"].map(_pct_cell),
-            interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(v.sources["low"], v.sources["high"], strict=True)],
+            interval=[vd.source_interval(r) for _, r in v.sources.iterrows()],
         )[["source", "configs", "runs", "var", "share", "interval", "warn"]]  # fmt: skip
         lines += ["", f"Seed variance by seed source ({v.splits[0]} {v.metric}; 95% bootstrap interval)", text_table(t)]  # fmt: skip
     if not v.comparisons.empty:
         c = v.comparisons
         t = c.assign(
             diff_ci=[f"[{a:.3g}, {b:.3g}]" for a, b in zip(c["diff_low"], c["diff_high"], strict=True)],
-            a12_ci=[f"[{a:.2f}, {b:.2f}]" for a, b in zip(c["a12_low"], c["a12_high"], strict=True)],
+            a12_ci=[vd.a12_cell(a, b) for a, b in zip(c["a12_low"], c["a12_high"], strict=True)],
         )[["split", "better", "worse", "mean_better", "mean_worse", "diff", "diff_ci", "hedges_g", "a12", "a12_ci", "p_holm", "warn"]]  # fmt: skip
         title = (
             "Config vs config (diff of means with 95% Welch t interval, unadjusted: it excludes 0 when Welch p < 0.05; Hedges g; "
-            "a12 = P(improvement) with bootstrap interval; Welch p, Holm-adjusted over all rows)"
+            "a12 = P(improvement) with bootstrap interval, '-' where every resample gives the same a12 "
+            "(complete separation, or no variance); Welch p, Holm-adjusted over the rows that have one)"
         )
         lines += ["", title, text_table(t)]
     if not v.expected_max.empty:

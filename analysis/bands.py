@@ -98,8 +98,8 @@ def split_intervals(
     split, n, mean, low, high, method, warn (``n<10`` for fewer than 10 runs).
     """
     rows = []
-    for g, ((point, split), sub) in enumerate(values.groupby(["point", "split"], sort=True)):
-        ci = iv.mean_interval(sub["value"], level=level, n_boot=n_boot, seed=seed + g)
+    for (point, split), sub in values.groupby(["point", "split"], sort=True):
+        ci = iv.mean_interval(sub["value"], level=level, n_boot=n_boot, seed=seed)
         rows.append((point, split, ci.n, ci.estimate, ci.low, ci.high, ci.method,
                      iv.seed_warning(ci.n)))  # fmt: skip
     return pd.DataFrame(

@@ -76,6 +76,19 @@ def _scipy_bootstrap(
     return float("nan"), float("nan"), f"bootstrap-{methods[-1].lower()}"
 
 
+def bootstrap_distribution(
+    samples: tuple[np.ndarray, ...], statistic: Callable[..., Any], *, n_boot: int, seed: int
+) -> np.ndarray:
+    """The statistic over ``n_boot`` resamples (scipy's, each sample resampled on its own),
+    shape (n_boot,), NaN where the statistic is undefined: for intervals that must leave
+    such resamples out (scipy's own interval would be NaN)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = sps.bootstrap(samples, statistic, n_resamples=n_boot, method="percentile",
+                            vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
+    return np.asarray(res.bootstrap_distribution, dtype=float)
+
+
 def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(x, axis=axis)
 
@@ -87,9 +100,11 @@ def mean_interval(
 
     The interval lies within ``[min(values), max(values)]``. NaN bounds and method ``none``
     for n < 2; a point interval when every value is equal (the bootstrap has nothing to
-    resample).
+    resample). The values are sorted first, so the same values with the same ``seed`` give
+    the same interval in whatever order they come (the verdict, the summary table and the
+    report's charts print one interval per mean).
     """
-    a = _clean(values)
+    a = np.sort(_clean(values))
     est = float(a.mean()) if a.size else float("nan")
     if a.size < 2:
         return Interval(est, float("nan"), float("nan"), level, "none", int(a.size))
@@ -156,7 +171,10 @@ def a12_interval(
     a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
 ) -> Interval:
     """Percentile bootstrap interval of :func:`a12` (each sample resampled on its own,
-    as rliable's probability of improvement); inside [0, 1]."""
+    as rliable's probability of improvement); inside [0, 1]. When every resample gives the
+    same value (complete separation: every run of one beats every run of the other; or no
+    variance in either) the bootstrap knows nothing of the uncertainty, and the bounds are
+    NaN with method ``none``, not a zero-width interval that would claim certainty."""
     x, y = _clean(a), _clean(b)
     est = a12(x, y)
     n = int(x.size + y.size)
@@ -172,6 +190,8 @@ def a12_interval(
     lo, hi, used = _scipy_bootstrap(
         (x, y), stat, n_boot=n_boot, level=level, seed=seed, method="percentile"
     )
+    if lo == hi:
+        return Interval(est, float("nan"), float("nan"), level, "none", n)
     return Interval(est, lo, hi, level, used, n)
 
 

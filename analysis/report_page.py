@@ -166,10 +166,10 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
     if not v.comparisons.empty:
         c = v.comparisons.assign(
             diff_ci=[f"{a:.3g} [{b:.3g}, {d:.3g}]" for a, b, d in v.comparisons[["diff", "diff_low", "diff_high"]].to_numpy()],
-            a12_ci=[f"{a:.2f} [{b:.2f}, {d:.2f}]" for a, b, d in v.comparisons[["a12", "a12_low", "a12_high"]].to_numpy()],
+            a12_ci=[f"{a:.2f} {vd.a12_cell(b, d)}" for a, b, d in v.comparisons[["a12", "a12_low", "a12_high"]].to_numpy()],
         )  # fmt: skip
         parts.append(
-            "<p>Config vs config (diff: 95% Welch t interval; P(improvement): 95% bootstrap interval; p: Welch, Holm-adjusted over all rows):</p>"
+            "<p>Config vs config (diff: 95% Welch t interval; P(improvement): 95% bootstrap interval; p: Welch, Holm-adjusted over the rows that have one; '-': every resample alike, no interval):</p>"
         )
         parts.append(_html_table(c, [("split", "split"), ("better", "better"), ("worse", "worse"),
                                      ("diff_ci", "difference of means"), ("hedges_g", "Hedges g"),

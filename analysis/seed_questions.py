@@ -265,7 +265,8 @@ def study_seed_counts(
         weak = out.power[out.power["underpowered"]]
         for r in weak.head(3).itertuples(index=False):
             need = (
-                "more than a reachable number of" if r.seeds_needed is None else f"{r.seeds_needed}"
+                "more than a reachable number of" if r.seeds_needed is None or pd.isna(r.seeds_needed)
+                else f"{int(r.seeds_needed)}"
             )
             out.warnings.append(
                 f"underpowered: {r.better} vs {r.worse} on {r.split} has power {r.power:.2f} "
@@ -524,7 +525,7 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
             lines += [f"Share reached by each {r.unit}" + (f" - point {p}" if len(r.summary) > 1 else ""),
                       text_table(k, max_rows=40)]  # fmt: skip
         if not r.sources.empty:
-            src = r.sources.assign(share=[vd.pct_interval(a, b, c) for a, b, c in zip(r.sources["share"], r.sources["low"], r.sources["high"], strict=True)])
+            src = r.sources.assign(share=[f"{vd.pct(x['share'])}% {vd.source_interval(x)}" for _, x in r.sources.iterrows()])
             lines += [f"Seed sources of {r.event.label}, varied one at a time: each source's share of the seed "
                       f"variance of the time ({r.unit}s; censored runs at their censoring time) and of whether it "
                       "happened (95% percentile bootstrap, runs resampled within each config)",
@@ -555,6 +556,7 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
             diff_ci=[_ci(a, b, c, ".4f") for a, b, c in zip(qs.multiboot["diff"], qs.multiboot["low"], qs.multiboot["high"], strict=True)]
         )[["kind", "where", "a", "b", "seeds_a", "seeds_b", "examples_a", "examples_b", "paired_seeds",
            "paired_examples", "mean_a", "mean_b", "diff_ci", "p", "warn"]]  # fmt: skip
+        m["p"] = [f"< {1 / qs.n_boot:.2g}" if v == 0 else f"{v:.3g}" for v in m["p"]]  # 0 of n_boot replicates
         lines += [
             "",
             f"Multi-Bootstrap over seeds and test examples (share correct; {qs.n_boot} replicates, "

@@ -324,13 +324,17 @@ def correlation_matrix(
 ) -> CorrelationMatrix:
     """Correlation matrix of ``columns`` of a wide table (rows = runs, columns = splits).
 
-    Diagonal: r = 1, p = 0, n = non-missing count of that column.
+    Diagonal: r = 1, p = 0, n = non-missing count of that column; NaN r and p where the
+    column has fewer than 2 values or never varies (a correlation with itself is then as
+    undefined as with any other column).
     """
     cols = list(columns) if columns is not None else list(wide.columns)
     k = len(cols)
     r, p, n = np.eye(k), np.zeros((k, k)), np.zeros((k, k), dtype=int)
     for i, cx in enumerate(cols):
         n[i, i] = int(wide[cx].notna().sum())
+        if n[i, i] < 2 or np.ptp(wide[cx].dropna().to_numpy(dtype=float)) == 0:
+            r[i, i] = p[i, i] = np.nan
         for j in range(i + 1, k):
             a, b = _pairs(wide[cx], wide[cols[j]])
             rr, pp = _r_p(a, b, method)
@@ -393,12 +397,16 @@ def regress(
     """Regress ``y`` on ``x`` (paired (n,) arrays) after optional transforms.
 
     Pairs where either side is non-finite after its transform are dropped. NaN results
-    for n < 3 or constant x.
+    for n < 3 or constant x. A constant y is a flat line: slope exactly 0 and intercept y,
+    with r, R^2 and p undefined (NaN); least squares would give a slope of +-1e-28 whose
+    sign is rounding.
     """
     a, b = _pairs(apply_transform(x, x_transform), apply_transform(y, y_transform))
+    nan = float("nan")
     if a.size < 3 or np.ptp(a) == 0:
-        nan = float("nan")
         return Regression(nan, nan, nan, nan, nan, nan, int(a.size), x_transform, y_transform)
+    if np.ptp(b) == 0:
+        return Regression(0.0, float(b[0]), nan, nan, nan, 0.0, int(a.size), x_transform, y_transform)
     res = sps.linregress(a, b)
     r = float(res.rvalue)
     return Regression(

@@ -84,13 +84,29 @@ class Verdict:
 
 
 def pct(v: float) -> str:
-    """A share as a whole percent (``41``), ``?`` when undefined."""
-    return "?" if v is None or not np.isfinite(v) else f"{100 * v:.0f}"
+    """A share as a whole percent (``41``), ``-`` when undefined."""
+    return "-" if v is None or not np.isfinite(v) else f"{100 * v:.0f}"
 
 
 def pct_interval(a: float, lo: float, hi: float) -> str:
-    """A share with its interval in whole percents: ``48% [35, 56]``."""
+    """A share with its interval in whole percents: ``48% [35, 56]``; ``-`` when the share
+    is undefined (e.g. a config whose runs all diverged)."""
+    if a is None or not np.isfinite(a):
+        return "-"
     return f"{pct(a)}% [{pct(lo)}, {pct(hi)}]"
+
+
+def a12_cell(low: float, high: float) -> str:
+    """A12's interval as a table cell: ``[0.61, 0.93]``, ``-`` when the bootstrap gives none."""
+    return f"[{low:.2f}, {high:.2f}]" if np.isfinite(low) and np.isfinite(high) else "-"
+
+
+def source_interval(r: pd.Series) -> str:
+    """A seed source's share interval, ``[40, 99]``, naming the resamples it leaves out:
+    ``[100, 100] (33% of resamples without variance left out)``."""
+    out = f"[{pct(r['low'])}, {pct(r['high'])}]"
+    u = float(r.get("undefined", 0.0) or 0.0)
+    return out + (f" ({pct(u)}% of resamples without variance left out)" if u > 0 else "")
 
 
 def grid_shares(values: pd.DataFrame, splits: list[str], *, level: float = 0.95) -> pd.DataFrame:
@@ -128,7 +144,9 @@ def compare_configs(
     ``values``: columns point, split, value (ok runs). Each row names the ``better`` config
     (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with
     Welch's t interval, Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
-    with a bootstrap interval, Welch's p and Holm's adjustment over every row (one family).
+    with a bootstrap interval (NaN bounds where every resample gives the same a12), Welch's
+    p and Holm's adjustment over every row that has a p (one family; rows where neither
+    config varies have none).
     Returns :data:`COMPARISON_COLUMNS`.
     """
     rows = []
@@ -167,10 +185,12 @@ def source_shares(
     columns). A config (trial) whose runs vary exactly one source estimates that source's
     variance (sample variance across its seeds; configs varying the same source are
     pooled by averaging). share = var(source) / sum of the sources' variances, with a
-    percentile bootstrap interval resampling runs within each config (scipy; a resample
-    without any variance counts as an even split). Empty unless at least two different
-    sources were varied alone, and when no source moves the value (every variance 0: there
-    is nothing to split). Columns: source, configs, runs, var, share, low, high, warn.
+    percentile bootstrap interval resampling runs within each config (scipy's resamples).
+    A resample without any variance has no share: it is left out of the interval, and
+    ``undefined`` is the fraction of resamples left out (a bound made of them would be
+    invented). Empty unless at least two different sources were varied alone, and when no
+    source moves the value (every variance 0: there is nothing to split). Columns: source,
+    configs, runs, var, share, low, high, undefined, warn.
     """
     src = stats.source_variance_shares(values, group="trial_id")
     single = src[~src["varied"].str.contains(r"\+|none", regex=True) & src["var"].notna()]
@@ -186,25 +206,27 @@ def source_shares(
     def share(*s: np.ndarray, axis: int = -1) -> np.ndarray:
         var = np.stack([np.var(x, axis=axis, ddof=1) for x in s], axis=0)  # (groups, ...)
         per = np.stack([var[owner == i].mean(axis=0) for i in range(len(names))])
-        total = per.sum(axis=0)
-        even = np.full_like(per, 1.0 / len(names))  # a resample without any variance
+        total = per.sum(axis=0)  # (...,): 0 in a resample without any variance -> NaN share
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(total > 0, per / np.where(total > 0, total, 1.0), even)
+            return np.where(total > 0, per / np.where(total > 0, total, 1.0), np.nan)
 
     est = share(*samples)
     lows, highs = np.full(len(names), np.nan), np.full(len(names), np.nan)
+    undefined = np.zeros(len(names))
     for i in range(len(names)):
-        lo, hi, _ = iv._scipy_bootstrap(
-            samples, lambda *s, axis=-1, i=i: share(*s, axis=axis)[i],
-            n_boot=n_boot, level=level, seed=seed, method="percentile",
-        )  # fmt: skip
-        lows[i], highs[i] = lo, hi
+        dist = iv.bootstrap_distribution(
+            samples, lambda *s, axis=-1, i=i: share(*s, axis=axis)[i], n_boot=n_boot, seed=seed
+        )  # (n_boot,)
+        ok = dist[np.isfinite(dist)]
+        undefined[i] = 1 - ok.size / dist.size
+        if ok.size:
+            lows[i], highs[i] = np.percentile(ok, [50 * (1 - level), 50 * (1 + level)])
     per_var = [float(single.loc[single["varied"] == n, "var"].mean()) for n in names]
     runs = [int(single.loc[single["varied"] == n, "n"].sum()) for n in names]
     configs = [int((single["varied"] == n).sum()) for n in names]
     warn = [iv.seed_warning(int(single.loc[single["varied"] == n, "n"].min())) for n in names]
-    return pd.DataFrame({"source": names, "configs": configs, "runs": runs, "var": per_var,
-                         "share": est, "low": lows, "high": highs, "warn": warn})  # fmt: skip
+    return pd.DataFrame({"source": names, "configs": configs, "runs": runs, "var": per_var, "share": est,
+                         "low": lows, "high": highs, "undefined": undefined, "warn": warn})  # fmt: skip
 
 
 def outcome_sources(
@@ -313,18 +335,38 @@ def grid_sentence(
         )
         s += f" Other splits: {parts}."
     if not cmp.empty and not constant:
-        top = cmp.sort_values("p_holm", kind="stable").iloc[0]
-        best = cmp.iloc[0]
-        s += (
-            f" Best: {best['better']} over {best['worse']} by {best['diff']:.3g} "
-            f"[{best['diff_low']:.3g}, {best['diff_high']:.3g}], P(improvement) "
-            f"{best['a12']:.2f}, Holm p = {best['p_holm']:.2g}."
-        )
-        if top["p_holm"] >= 0.05:
+        s += best_clause(cmp)
+        if (cmp["p_holm"] >= 0.05).any() and not (cmp["p_holm"] < 0.05).any():
             s += " No difference between configs is significant after Holm's correction."
     if int(r["seeds_min"]) < iv.MIN_SEEDS:
         s += f" (Fewer than {iv.MIN_SEEDS} seeds per config: indicative only.)"
     return s
+
+
+def best_clause(cmp: pd.DataFrame) -> str:
+    """`` Best: A over B by d [lo, hi], P(improvement) a, Holm p = q.`` for the headline
+    split's comparisons (:func:`compare_configs`, best config first). Configs whose mean
+    equals the best one's tie with it: they are named together, and the next config is the
+    one compared. Holm's p is left out where Welch's test has none (no variance in either)."""
+    lead = cmp.iloc[0]["better"]
+    own = cmp[cmp["better"] == lead]
+    tied = own[own["diff"] == 0]
+    rest = own[own["diff"] != 0]
+
+    def by(r: pd.Series) -> str:
+        holm = f", Holm p = {r['p_holm']:.2g}" if pd.notna(r["p_holm"]) else ""
+        return (f"by {r['diff']:.3g} [{r['diff_low']:.3g}, {r['diff_high']:.3g}], "
+                f"P(improvement) {r['a12']:.2f}{holm}")  # fmt: skip
+
+    if tied.empty:
+        r = own.iloc[0]
+        return f" Best: {lead} over {r['worse']} {by(r)}."
+    names = " and ".join([str(lead), *tied["worse"].astype(str)])
+    s = f" Best: {names} tie (mean {own.iloc[0]['mean_better']:.4g} each)"
+    if rest.empty:
+        return s + "."
+    r = rest.iloc[0]
+    return s + f"; the next, {r['worse']}, is behind {by(r)}."
 
 
 def factor_name(points: list[dict[str, Any]]) -> str:
@@ -510,7 +552,7 @@ def seed_spread_sentence(
 def sources_sentence(sources: pd.DataFrame, metric: str, split: str) -> str:
     """The quotable line of a seed-source split: each source's share of the seed variance."""
     parts = ", ".join(
-        f"{r['source']} {pct_interval(r['share'], r['low'], r['high'])}"
+        f"{r['source']} {pct(r['share'])}% {source_interval(r)}"
         for _, r in sources.iterrows()
     )
     return (

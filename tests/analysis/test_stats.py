@@ -114,6 +114,13 @@ def test_correlation_matrix_and_pairwise() -> None:
     pairs = stats.pairwise_correlations(wide)
     assert list(zip(pairs["x"], pairs["y"], strict=True)) == [("a", "b"), ("a", "c"), ("b", "c")]
     assert pairs["n"].tolist() == [4, 3, 3]
+    assert m.r.loc["a", "a"] == 1.0 and m.p.loc["a", "a"] == 0.0
+    # a split every seed scores the same (test accuracy 1.0): undefined with itself too
+    flat = stats.correlation_matrix(wide.assign(d=1.0))
+    assert np.isnan(flat.r.loc["d", "d"]) and np.isnan(flat.p.loc["d", "d"])
+    assert np.isnan(flat.r.loc["a", "d"]) and flat.n.loc["d", "d"] == 4
+    one = stats.correlation_matrix(wide.head(1)[["a"]])  # a single run
+    assert np.isnan(one.r.loc["a", "a"])
 
 
 def test_regression_by_hand_with_neglog_transform() -> None:
@@ -131,6 +138,13 @@ def test_regression_by_hand_with_neglog_transform() -> None:
         (ref.slope, ref.intercept, ref.pvalue)
     )
     assert mine.r2 == pytest.approx(ref.rvalue**2)
+    # a constant y (very-long FPF 119.8 at every checkpoint): a flat line, slope exactly 0 and
+    # its sign "0", not the +-1e-28 of least squares; r2 and p undefined
+    from analysis.aggregates import slope_sign
+
+    flat = stats.regress(-np.log([0.3, 0.2, 0.11, 0.05, 0.04]), np.full(5, 119.8))
+    assert (flat.slope, flat.intercept, flat.n) == (0.0, 119.8, 5) and slope_sign(flat.slope) == "0"
+    assert np.isnan(flat.r2) and np.isnan(flat.p)
 
 
 def test_transform_drops_invalid_values_and_rejects_unknown_names() -> None:

@@ -28,13 +28,15 @@ def test_mean_interval_is_scipys_bca_and_stays_inside_the_range() -> None:
     assert t.high > 1.0  # the t interval runs past an accuracy's range
     ci = iv.mean_interval(acc, n_boot=3000, seed=3)
     assert 0.9 <= ci.low <= ci.estimate <= ci.high <= 1.0
-    ref = sps.bootstrap(
-        (acc,), np.mean, n_resamples=3000, method="BCa", rng=np.random.default_rng(3)
+    ref = sps.bootstrap(  # scipy's BCa on the sorted values (mean_interval sorts them)
+        (np.sort(acc),), np.mean, n_resamples=3000, method="BCa", rng=np.random.default_rng(3)
     )
     assert (ci.low, ci.high) == pytest.approx(
         (ref.confidence_interval.low, ref.confidence_interval.high)
     )
     assert ci.method == "bootstrap-bca"
+    again = iv.mean_interval(acc[::-1], n_boot=3000, seed=3)  # one interval per set of values
+    assert (again.low, again.high) == (ci.low, ci.high)
     const = iv.mean_interval([0.5, 0.5, 0.5])
     assert (const.low, const.high, const.method) == (0.5, 0.5, "constant")
     single = iv.mean_interval([0.3])
@@ -97,6 +99,13 @@ def test_a12_by_hand_and_as_mann_whitney() -> None:
     assert iv.a12(a, b) == pytest.approx(u / (a.size * b.size))
     ci = iv.a12_interval(a, b, n_boot=500)
     assert 0.0 <= ci.low <= ci.estimate <= ci.high <= 1.0
+    # complete separation (6 vs 6 seeds, every run of one above every run of the other):
+    # every resample gives 1, so there is no interval, not a certain [1.00, 1.00]
+    sep = iv.a12_interval([0.9, 0.91, 0.95, 0.97, 0.99, 1.0], [0.5, 0.52, 0.6, 0.61, 0.7, 0.8])
+    assert sep.estimate == 1.0 and np.isnan(sep.low) and np.isnan(sep.high) and sep.method == "none"
+    from analysis.verdict import a12_cell
+
+    assert a12_cell(sep.low, sep.high) == "-" and a12_cell(ci.low, ci.high).startswith("[0.")
 
 
 def test_proportion_intervals_by_hand() -> None:
@@ -236,6 +245,27 @@ def test_source_shares_by_hand() -> None:
     assert source_shares(runs.assign(value=1.0)).empty
 
 
+def test_source_share_intervals_leave_out_resamples_without_variance() -> None:
+    # probe E's xor: every init-varied run reached the event (no variance in any resample);
+    # 5 of 6 data-varied runs did. A resample drawing the data config's six 1s has no
+    # variance at all (probability (5/6)^6 = 0.335): it has no share, so it is left out and
+    # counted, not scored 50/50 (which made the data share's interval [50, 100])
+    runs = pd.DataFrame(
+        {"trial_id": ["i"] * 6 + ["d"] * 6, "value": [1.0] * 6 + [1.0] * 5 + [0.0],
+         "init_seed": [1, 2, 3, 4, 5, 6] + [0] * 6, "data_seed": [0] * 6 + [1, 2, 3, 4, 5, 6],
+         "order_seed": 0, "dropout_seed": 0}
+    )  # fmt: skip
+    s = source_shares(runs, n_boot=2000).set_index("source")
+    assert s.loc["data", "share"] == 1.0 and s.loc["init", "share"] == 0.0
+    assert (s.loc["data", "low"], s.loc["data", "high"]) == (1.0, 1.0)
+    assert (s.loc["init", "low"], s.loc["init", "high"]) == (0.0, 0.0)
+    assert s.loc["data", "undefined"] == pytest.approx((5 / 6) ** 6, abs=0.04)
+    from analysis.verdict import source_interval
+
+    assert source_interval(s.loc["data"]).startswith("[100, 100] (3")
+    assert "% of resamples without variance left out)" in source_interval(s.loc["data"])
+
+
 def test_excluded_runs_count_not_learned_apart() -> None:
     runs = pd.DataFrame(
         {"trial_id": ["a"] * 4 + ["b"] * 2,
@@ -289,6 +319,10 @@ def test_grid_sentence_of_a_metric_every_run_scores_the_same() -> None:
     s = grid_sentence(grid_shares(df, ["test", "s_rand"]), compare_configs(df, ["test", "s_rand"], n_boot=200),
                       "auc", "the grid point (train.lr)", "test")  # fmt: skip
     assert s.startswith("The grid point (train.lr) explains") and "Best:" in s
+    # b and c score 1.0 in every seed: they tie (no "b over c by 0", no "Holm p = nan"), and
+    # the next config, a (mean 0.975), is the one compared
+    assert "Best: b and c tie (mean 1 each); the next, a, is behind by 0.025 [" in s
+    assert "nan" not in s and " over " not in s
 
 
 def test_splits_without_spread_within_configs_are_all_between_or_have_no_share() -> None:
@@ -337,3 +371,11 @@ def test_tied_candidates_rank_by_spread_then_trial_id_everywhere() -> None:
             .fetchall()][:2] == top
     assert candidate_rank(1.0, float("nan"), "a", maximize=True) > candidate_rank(1.0, 3.0, "b", maximize=True)
 
+
+
+def test_an_undefined_share_prints_as_a_dash() -> None:
+    # an event table row for a config whose runs all diverged: no share, no interval
+    from analysis.verdict import pct, pct_interval
+
+    assert pct_interval(float("nan"), float("nan"), float("nan")) == "-"
+    assert pct_interval(0.5, 0.2, float("nan")) == "50% [20, -]" and pct(0.416) == "42"
