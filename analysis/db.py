@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from analysis.errors import AnalysisError
 from analysis.formatting import check_format, format_frame, format_rows
 from analysis.manifest import load_manifest, study_names
-from analysis.schema import FILE_ONLY, SCHEMAS, TABLES, VIEWS
+from analysis.schema import FILE_ONLY, ROW_TABLES, SCHEMAS, TABLES, VIEWS, stem_key
 
 READ_STATEMENTS = ("SELECT", "EXPLAIN")
 """Statement types ``run_sql`` runs (``SELECT`` covers ``FROM``, ``WITH``, ``SHOW``,
@@ -228,13 +228,58 @@ def _no_null_types(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in schema])
 
 
+def _study_of(out: Path, table: str, path: Path) -> str:
+    return path.relative_to(Path(out) / "tables" / table).parts[0].removeprefix("study=")
+
+
+def commit_stems(out: Path, studies: Sequence[str] | None) -> dict[str, set[str]]:
+    """Per study, the stems of its commit markers (runs and evaluations files: a directory
+    listing, nothing read): the names its metrics, evals and predictions files must have."""
+    stems: dict[str, set[str]] = {}
+    for table in ("runs", "evaluations"):
+        for f in table_files(out, table, studies):
+            stems.setdefault(_study_of(out, table, f), set()).add(f.stem)
+    return stems
+
+
+def _commit_named(out: Path, table: str, files: list[Path], stems: dict[str, set[str]]) -> list[Path]:
+    """``files`` of a row table (:data:`ROW_TABLES`) that a commit names; the others are left
+    out: uncommitted work silently (the views would hide its rows anyway), a file with
+    another name (``X-0 (1).parquet``, a copy that would count a seed twice) with a warning.
+    A committed seed's missing file is warned about too: its rows are gone from the views."""
+    kept, have = [], set()
+    for f in files:
+        study = _study_of(out, table, f)
+        if f.stem in stems.get(study, ()):
+            kept.append(f)
+            have.add((study, f.stem))
+        elif stem_key(f.stem) is None:
+            _warn(out, f, f"warning: {f} is no commit's file (a copy?); the views leave it out. "
+                          f"Fix: study check {study} --repair --out {out} moves it to quarantine/")
+    for study, names in sorted(stems.items()):
+        for stem in sorted(names):
+            key = stem_key(stem)
+            wanted = table != "metrics" or not stem.startswith("eval-")  # evaluations write evals, predictions
+            if key is not None and wanted and (study, stem) not in have:
+                missing = Path(out) / "tables" / table / f"study={study}" / f"{stem}.parquet"
+                _warn(out, missing, f"warning: {missing} is missing (committed: trial {key[0]} seed {key[1]}); "
+                                    f"the views show none of its {table} rows. Fix: study check {study} --repair "
+                                    f"--out {out} runs it again")
+    return kept
+
+
 def _source(
-    out: Path, table: str, studies: Sequence[str] | None, skip: frozenset[str] = frozenset()
+    out: Path, table: str, studies: Sequence[str] | None, skip: frozenset[str] = frozenset(),
+    stems: dict[str, set[str]] | None = None,
 ) -> ds.Dataset | pa.Table:
-    """An Arrow dataset over ``table``'s files but ``skip`` (an empty typed table when it has none)."""
+    """An Arrow dataset over ``table``'s files but ``skip`` (an empty typed table when it has
+    none); for a row table, only the files a commit names (``stems``: :func:`commit_stems`)."""
     schemas = [SCHEMAS[table], *([FILE_ONLY[table]] if table in FILE_ONLY else [])]
     files = []
-    for f in table_files(out, table, studies):
+    listed = table_files(out, table, studies)
+    if table in ROW_TABLES:
+        listed = _commit_named(out, table, listed, commit_stems(out, studies) if stems is None else stems)
+    for f in listed:
         if str(f) in skip:
             continue
         try:
@@ -280,18 +325,20 @@ _WARNED: set[Path] = set()
 """Damaged files already named on stderr by this process (each is named once)."""
 
 
-def _warn_damaged(out: Path, path: Path, error: Exception) -> None:
-    """One stderr line naming a file the views leave out because it cannot be read."""
+def _warn(out: Path, path: Path, line: str) -> None:
+    """One stderr line about a file the views leave out (each file named once per process)."""
     if path in _WARNED:
         return
     _WARNED.add(path)
+    print(line, file=sys.stderr)
+
+
+def _warn_damaged(out: Path, path: Path, error: Exception) -> None:
+    """One stderr line naming a file the views leave out because it cannot be read."""
     study = path.parent.name.removeprefix("study=")
     why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-    print(
-        f"warning: {path} cannot be read ({why}); the views leave it out. "
-        f"Fix: study check {study} --repair --out {out}",
-        file=sys.stderr,
-    )
+    _warn(out, path, f"warning: {path} cannot be read ({why}); the views leave it out. "
+                     f"Fix: study check {study} --repair --out {out}")
 
 
 def connect(
@@ -316,7 +363,8 @@ def connect(
             f"results folder {out} does not exist; pass the folder a study wrote "
             "(default ./results) or run a study first"
         )
-    sources = {t: _source(out, t, studies) for t in TABLES}
+    stems = commit_stems(out, studies)
+    sources = {t: _source(out, t, studies, stems=stems) for t in TABLES}
     for t in in_memory:
         src = sources[t]
         if isinstance(src, ds.Dataset):

@@ -136,3 +136,18 @@ SCHEMAS: dict[str, pa.Schema] = {
 FILE_ONLY: dict[str, pa.Schema] = {"trials": pa.schema([("seed", pa.int64())])}
 """Columns of the files that their view replaces: a ``trials`` file holds the unit's row as
 one seed's commit wrote it (``seed``); the view has one row per unit (``seeds``)."""
+
+
+ROW_TABLES = ("metrics", "evals", "predictions")
+"""The tables every commit (a seed's, or an evaluation's: evals and predictions) writes one
+file of, named by the commit's stem: its runs (or evaluations) file's."""
+
+
+def stem_key(stem: str) -> tuple[str, int] | None:
+    """(trial_id, seed) of a commit's file stem ``<trial_id>-<seed>`` (an ``eval-<split>-``
+    prefix allowed); None for any other name (``X-0 (1)``, a copy)."""
+    head, _, seed = stem.rpartition("-")
+    trial_id = head.rpartition("-")[2] if stem.startswith("eval-") else head
+    if not trial_id or not seed.isdigit():
+        return None
+    return trial_id, int(seed)

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.manifest import damaged_fix
+from analysis.schema import ROW_TABLES, stem_key
 from trainables.errors import StudyStateError
 from trainables.results import (
     COMMITTED_TABLES,
@@ -150,15 +151,6 @@ def _n(count: int, one: str, many: str | None = None) -> str:
 
 
 # ----------------------------------------------------------------------- reading
-def _stem_key(stem: str) -> tuple[str, int] | None:
-    """(trial_id, seed) of a file stem ``<trial_id>-<seed>`` (``eval-<split>-`` prefix allowed)."""
-    head, _, seed = stem.rpartition("-")
-    trial_id = head.rpartition("-")[2] if stem.startswith("eval-") else head
-    if not trial_id or not seed.isdigit():
-        return None
-    return trial_id, int(seed)
-
-
 def _later(a: dict[str, Any], b: dict[str, Any], at: str) -> bool:
     """Whether row ``a`` wins over ``b`` as the views choose: later ``at`` (NULL last), then unit_id."""
     if (a[at] is None) != (b[at] is None):
@@ -255,7 +247,7 @@ def check_study(out: Path, study: str, thorough: bool = True) -> StudyCheck:
     runs, bad_runs = committed_runs(out, study)
     recorded: set[str] = set()
     for path in bad_runs:
-        key = _stem_key(path.stem)
+        key = stem_key(path.stem)
         recorded.add(_rel(out, path))
         found.damage.append(Damage(
             study, key[0] if key else None, key[1] if key else None, "runs", _rel(out, path),
@@ -340,7 +332,7 @@ def _check_evaluations(out: Path, study: str, runs: dict[tuple[str, int], Any], 
                        recorded: set[str]) -> None:
     markers, bad = _rows(out, study, "evaluations", EVAL_COLUMNS, ("eval_id",), "evaluated_at")
     for path in bad:
-        key = _stem_key(path.stem)
+        key = stem_key(path.stem)
         recorded.add(_rel(out, path))
         if key is not None and key not in runs:
             continue  # an evaluation of an uncommitted seed is not shown anyway
@@ -369,20 +361,28 @@ def _check_evaluations(out: Path, study: str, runs: dict[tuple[str, int], Any], 
 
 def _check_other_files(out: Path, study: str, found: StudyCheck, recorded: set[str]) -> None:
     """Every Parquet file no commit names (leftovers, older trials files, pruned candidates)
-    must at least read: the views leave out one that does not, with a warning."""
+    must at least read: the views leave out one that does not, with a warning. A metrics,
+    evals or predictions file whose name is no commit's (``<trial_id>-<seed>``, or an
+    evaluation's) is a stray copy the views leave out: named, and moved by ``--repair``."""
     for table in TABLES:
         folder = table_dir(out, table, study)
         for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
             rel = _rel(out, path)
             if rel in recorded:
                 continue
+            key = stem_key(path.stem)
             try:
                 pq.read_schema(path)
             except (OSError, pa.ArrowException):
-                key = _stem_key(path.stem)
                 found.damage.append(Damage(
                     study, key[0] if key else None, key[1] if key else None, table, rel,
                     "does not read as Parquet (not part of any commit)", "file",
+                ))
+                continue
+            if key is None and table in ROW_TABLES:  # e.g. `X-0 (1).parquet`: a copy
+                found.damage.append(Damage(
+                    study, None, None, table, rel,
+                    "no commit names this file (a copy?); the views leave it out", "file",
                 ))
 
 
@@ -424,7 +424,7 @@ def quarantine(out: Path, study: str, found: StudyCheck) -> Quarantined:
         _move_run(out, study, trial_id, seed, runs.get((trial_id, seed)), moved)
         moved.runs.add((trial_id, seed))
     for stem in sorted(found.damaged_evaluations):
-        key = _stem_key(stem)
+        key = stem_key(stem)
         if key is not None and key in moved.runs:
             continue  # went with its seed
         _move_evaluation(out, study, stem, moved)

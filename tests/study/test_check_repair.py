@@ -334,3 +334,42 @@ def test_check_names_planned_runs_that_are_not_committed(tmp_path: Path) -> None
     with study_lock(out, "demo"):
         res = study("check", "demo", "--out", str(out))
     assert f"1 planned run not committed (being written by pid {os.getpid()} on " in res.stdout, res.stdout
+
+
+def test_a_stray_copy_and_a_missing_file_are_named_and_never_count_a_seed_twice(tmp_path: Path, capsys: Any) -> None:
+    """Probe G: a copy of a committed evals file (`X-0 (1).parquet`, as a file manager or a
+    sync client makes) counted seed 0 twice in `evals` and in `study analyze` (n = 4 for a
+    3-seed study), and `study check` said "no damage"; a deleted committed file left its seed
+    out with no word. Now the views read only the files a commit names, each left-out file
+    is named on stderr once, and `study check` names the copy (exit 1) for --repair to move."""
+    from study.cli import cli_main
+
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=3)
+    before = query(out, "SELECT count(*) FROM evals")[0][0]
+    folder = out / "tables" / "evals" / "study=demo"
+    first = sorted(folder.glob("*.parquet"))[0]
+    copy = folder / f"{first.stem} (1).parquet"
+    copy.write_bytes(first.read_bytes())
+    (folder / "metrics_in_evals.parquet").write_bytes(
+        next((out / "tables" / "metrics" / "study=demo").glob("*.parquet")).read_bytes())
+    capsys.readouterr()
+    assert query(out, "SELECT count(*) FROM evals")[0][0] == before
+    err = capsys.readouterr().err
+    assert f"warning: {copy} is no commit's file (a copy?); the views leave it out" in err, err
+    assert "metrics_in_evals.parquet is no commit's file" in err
+    assert cli_main(["check", "demo", "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert copy.name in text and "no commit names this file (a copy?)" in text, text
+    from study.check import check_study, quarantine
+
+    moved = quarantine(out, "demo", check_study(out, "demo"))  # what --repair moves first
+    assert not copy.exists() and copy.relative_to(out).as_posix() in moved.files and not moved.runs
+    assert cli_main(["check", "demo", "--out", str(out)]) == 0
+    capsys.readouterr()
+    gone = sorted((out / "tables" / "predictions" / "study=demo").glob("*.parquet"))[1]
+    gone.unlink()
+    n_pred = query(out, "SELECT count(DISTINCT seed) FROM predictions")[0][0]
+    err = capsys.readouterr().err
+    assert n_pred == 2 and f"warning: {gone} is missing (committed: trial" in err, err
+    assert "the views show none of its predictions rows. Fix: study check demo --repair" in err
