@@ -277,6 +277,7 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     from analysis.manifest import point_label
     from study.status import (
         committed_runs,
+        driver_lines,
         last_run_lines,
         study_manifest,
         study_status,
@@ -296,6 +297,7 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
         lines = tuning_lines(out, name, rows, m, {r["candidate"]: lb for r, lb in zip(rows, labels, strict=True)})
     else:
         lines = last_run_lines(out, name, {r["trial_id"]: lb for r, lb in zip(rows, labels, strict=True)}, runs)
+    lines = driver_lines(out, name, more=bool(lines)) + lines
     for line in lines:  # csv and json keep stdout to the rows: the lines go to stderr there
         typer.echo(line, err=fmt != "table")
 
@@ -604,7 +606,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
     Exit codes: 0 done; 1 a study ran but is incomplete (failed runs) or an OS error (e.g. a
     full disk); 2 the input was refused (nothing ran, OUT untouched); 130 / 143 stopped by
-    SIGINT / SIGTERM (committed runs kept). Every error is one ``error: ...`` line on stderr
+    SIGINT / SIGTERM / SIGHUP (committed runs kept). Every error is one ``error: ...`` line on stderr
     naming the field and the fix, never a traceback (except for a bug in fineline)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -131,3 +131,25 @@ def writer(out: Path, name: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def killed_holder(out: Path, name: str) -> str | None:
+    """The last holder of study ``name``'s lock if it died without releasing it cleanly
+    (SIGKILL, the kernel's out-of-memory killer, a lost machine: its details are still in
+    the file, which every other ending clears), as ``pid P on HOST (since T: COMMAND)``;
+    None while a driver holds the lock, or when the last one ended normally."""
+    path = Path(out) / name / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return None  # held: a driver runs now (:func:`writer`)
+        if not os.pread(fd, 1, 0):
+            return None
+        return _holder(fd)
+    finally:
+        os.close(fd)

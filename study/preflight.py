@@ -113,10 +113,11 @@ class RayProcesses:
 
 @contextlib.contextmanager
 def shielded_from_sigterm() -> Iterator[RayProcesses]:
-    """SIGTERM blocked while a local Ray starts inside this block, so every Ray process it
-    starts (GCS, raylet, agents, and the workers the raylet forks later) inherits it blocked,
-    as Ray itself blocks SIGINT in them; this thread's mask is put back afterwards. Yields
-    the children started in the block (filled in at its end).
+    """SIGTERM and SIGHUP blocked while a local Ray starts inside this block, so every Ray
+    process it starts (GCS, raylet, agents, and the workers the raylet forks later) inherits
+    them blocked, as Ray itself blocks SIGINT in them; this thread's mask is put back
+    afterwards. Yields the children started in the block (filled in at its end). (A closed
+    terminal sends SIGHUP to the whole foreground process group, as `timeout` does SIGTERM.)
 
     ``timeout``, Slurm and systemd stop a job by sending SIGTERM to its whole process group
     (or every process of the job), not to the driver alone. Unshielded, the GCS dies at once:
@@ -128,7 +129,7 @@ def shielded_from_sigterm() -> Iterator[RayProcesses]:
     me = psutil.Process()
     before = {p.pid for p in me.children()}
     started = RayProcesses()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
         yield started
     finally:

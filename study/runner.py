@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,12 +55,13 @@ StudyFailed = StudyIncomplete
 """The name this module used before (kept for callers)."""
 
 class StopSignals:
-    """SIGINT and SIGTERM during a Ray session, handled in Python (no C++ stack dump): the
-    first stops Ray Tune gracefully (running trials are stopped, committed seeds kept), a
-    second stops at once; either way ``ray.shutdown()`` then stops every Ray process this
-    driver started. ``received`` names the first signal."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) during a Ray session,
+    handled in Python (no C++ stack dump): the first stops Ray Tune gracefully (running
+    trials are stopped, committed seeds kept), a second stops at once; either way
+    ``ray.shutdown()`` then stops every Ray process this driver started, and ``study
+    status`` says why the run stopped. ``received`` names the first signal."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
@@ -87,12 +89,13 @@ class StopSignals:
         if first and self.tune_running:
             tune_stop = signal.getsignal(signal.SIGUSR1)  # Tune's graceful-stop handler
             if callable(tune_stop):
-                console.print(
-                    f"{signal.Signals(signum).name}: stopping the study (committed seeds are kept); "
-                    "send it again to stop at once",
-                    soft_wrap=True,
-                    highlight=False,
-                )
+                with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                    console.print(
+                        f"{signal.Signals(signum).name}: stopping the study (committed seeds are kept); "
+                        "send it again to stop at once",
+                        soft_wrap=True,
+                        highlight=False,
+                    )
                 tune_stop(signal.SIGUSR1, frame)
                 return
         raise KeyboardInterrupt

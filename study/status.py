@@ -96,6 +96,21 @@ def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tupl
     return lines + _stop_line(record)
 
 
+def driver_lines(out: Path, name: str, *, more: bool = False) -> list[str]:
+    """Whether a driver writes the study now (the lock's holder), or the last one was killed
+    before it could record how it ended (its details left in the lock file): one line, or
+    none. ``more``: ``last run`` lines follow, which are then about the run before a running
+    one."""
+    from study.lock import killed_holder, writer
+
+    if holder := writer(out, name):
+        return [f"running now: {holder}" + ("; the lines below are about the run before it" if more else "")]
+    if dead := killed_holder(out, name):
+        return [f"last run: {dead} did not end: its driver was killed (SIGKILL, out of memory, a lost "
+                f"machine or session); committed runs are kept. Fix: study resume {name} --out {out}"]
+    return []
+
+
 def _ended(record: dict[str, Any]) -> str:
     """When the recorded run ended, as ``2026-11-27 15:23:08 UTC``."""
     return str(record.get("ended_at", "?")).replace("T", " ").replace("+00:00", " UTC")

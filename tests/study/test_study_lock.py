@@ -133,3 +133,30 @@ def test_a_refused_brand_new_study_leaves_no_folder_behind(tmp_path: Path) -> No
         (lock.parent / "keep.txt").write_text("written before the refusal")
         raise ConfigError("--address", "refused", "fix it")
     assert sorted(p.name for p in (out / "s").iterdir()) == ["keep.txt"]
+
+
+def test_status_says_a_driver_runs_now_or_was_killed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Probes D and G: during a run, and after a SIGKILLed one, `study status` showed an older
+    run's "last run ... stopped early" line and nothing else. Now it names the running
+    driver (the lock's holder), or the killed one (its details left in the lock file, which
+    every other ending clears), with the fix."""
+    from study.lock import study_lock
+
+    from analysis.demo import write_demo_study
+    from study.cli import cli_main
+    from study.status import driver_lines
+
+    out = tmp_path / "results"
+    write_demo_study(out, "demo", n_seeds=2)
+    assert driver_lines(out, "demo") == []
+    with study_lock(out, "demo"):
+        (line,) = driver_lines(out, "demo")
+        assert line.startswith(f"running now: pid {os.getpid()} on ") and line.endswith(")"), line
+    assert driver_lines(out, "demo") == []  # ended normally: nothing to say
+    (out / "demo" / LOCK_FILE).write_text(json.dumps(
+        {"pid": 4242, "host": "node-7", "started": 1_764_000_000, "command": "study run s.yaml"}))
+    capsys.readouterr()
+    assert cli_main(["status", "demo", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "last run: pid 4242 on node-7 (since " in text and "study run s.yaml) did not end: its driver was killed" in text
+    assert f"Fix: study resume demo --out {out}" in text, text
