@@ -300,6 +300,18 @@ def _has_results(out: Path, study: str) -> bool:
     return any(_glob(table_dir(out, t, study), "*.parquet") for t in TABLES)
 
 
+def no_manifest(out: Path, study: str) -> tuple[str, str]:
+    """(problem, fix) for a command that needs ``study``'s manifest and finds none: a study
+    with results whose ``study.json`` is gone (``study ls`` lists it) gets the way to mend
+    it; a name no study has, the way to find the right one."""
+    from study.manifest import manifest_path
+
+    if _has_results(out, study):
+        return (f"study {study!r} in {out} has results but no manifest ({manifest_path(out, study)})",
+                manifest_fix(out, study, True))
+    return f"no study {study!r} in {out}", f"check `study ls --out {out}`"
+
+
 def manifest_fix(out: Path, study: str, missing: bool) -> str:
     """How to mend the manifest of ``study``: restore it, or re-create it with ``study run``
     (which keeps the committed runs); a damaged one is moved away first."""

@@ -165,7 +165,10 @@ def resume(
 
     m = manifest.read(out, name)
     if m is None:
-        _fail(f"NAME: no study {name!r} in {out}. Fix: check `study ls --out {out}`")
+        from study.check import no_manifest
+
+        problem, fix = no_manifest(out, name)
+        _fail(f"NAME: {problem}. Fix: {fix}")
     assert m is not None
     try:
         int(m["seeds"])

@@ -92,7 +92,9 @@ def evaluate_study(
     out = Path(out)
     m = manifest_mod.read(out, name)
     if m is None:
-        raise ConfigError("NAME", f"no study {name!r} in {out}", f"check the name with `study ls --out {out}`")
+        from study.check import no_manifest
+
+        raise ConfigError("NAME", *no_manifest(out, name))
     if m.get("kind") == "tune":
         raise ConfigError(
             "NAME", f"{name!r} is a tuning study, whose candidates keep no weights",

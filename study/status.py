@@ -125,7 +125,10 @@ def study_manifest(out: Path, name: str) -> dict[str, Any]:
     """Study ``name``'s manifest, or an error that says where to look."""
     m = manifest.read(out, name)
     if m is None:
-        raise StudyStateError(f"no study {name!r} in {out}. Fix: check `study ls --out {out}`")
+        from study.check import no_manifest
+
+        problem, fix = no_manifest(out, name)
+        raise StudyStateError(f"{problem}. Fix: {fix}")
     return m
 
 

@@ -288,6 +288,14 @@ def test_a_missing_manifest_is_damage(tmp_path: Path, capsys: Any) -> None:
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "has no manifest" in err[0] and f"Fix: restore {manifest}" in err[0], err
     assert not manifest.exists() and not (out / "demo" / "quarantine").exists()  # nothing moved or written
+    # status, resume and eval give the same fix (they said "no study 'demo'", which `study ls` lists)
+    for args in (["status", "demo"], ["resume", "demo"], ["eval", "demo"]):
+        assert cli_main([*args, "--out", str(out)]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and f"study 'demo' in {out} has results but no manifest" in err[0], (args, err)
+        assert f"Fix: restore {manifest} from a backup, or re-create it" in err[0], (args, err)
+    assert cli_main(["status", "nosuch", "--out", str(out)]) == 2
+    assert "no study 'nosuch'" in capsys.readouterr().err
 
 
 def test_a_file_damaged_inside_is_left_out_of_analyze_and_report_and_named_by_sql(tmp_path: Path) -> None:
