@@ -503,8 +503,9 @@ class StudyInfo:
     """Committed runs that never learned (e.g. Weber et al.'s stopping rule): counted apart."""
     diverged: int
     pending: int | None
-    """Runs planned and not yet committed: a seed study's; ``None`` without a manifest and
-    for a tuning study (a pruned candidate's seeds are never committed)."""
+    """Runs planned and not yet committed, failed ones included (``study status`` tells
+    them apart): a seed study's; ``None`` without a manifest and for a tuning study (a
+    pruned candidate's seeds are never committed)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -602,6 +603,9 @@ def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
     """``list_studies`` output as text table, CSV or JSON; a table with a tuning study says
     why its ``pending`` is blank."""
     text = format_rows(infos, fmt, columns=list(StudyInfo.__dataclass_fields__))
+    if fmt == "table" and any(i.pending for i in infos):
+        text += ("\n(pending: planned runs not committed yet, failed ones included; "
+                 "`study status NAME` tells failed from pending)")
     if fmt == "table" and any(i.kind == "tune" for i in infos):
         text += ("\n(pending is blank for a tuning study: a pruned candidate commits no runs; "
                  "`study status NAME` counts its candidates by state)")

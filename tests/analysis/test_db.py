@@ -346,5 +346,7 @@ def test_list_studies_counts_committed_runs(out: Path) -> None:
     assert lines[0].split()[:4] == ["name", "kind", "task", "model"]
     assert lines[-1].startswith("(pending is blank for a tuning study: a pruned candidate commits no runs")
     assert "pending is blank" not in format_studies([s1, s2])
+    assert "(pending: planned runs not committed yet, failed ones included; `study status NAME`" in lines[-2]
+    assert "failed ones included" not in format_studies([s2])  # nothing pending: no note
     listed = json.loads(format_studies(list_studies(out), "json"))
     assert [(r["name"], r["done"]) for r in listed] == [("planned_only", 0), ("s1", 2), ("s2", 1), ("s4", 1)]
