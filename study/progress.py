@@ -167,9 +167,9 @@ class ProgressCallback(Callback):
             point = self.points[trial.config["unit_index"]]
             value = seed.get("value")
             shown = f", {self.metric} {value:.4g}" if value is not None and self.metric else ""
-            self._line(
+            self._line(  # a log's running count: heartbeats pause while seeds commit
                 f"seed {seed['seed']}{f' ({point})' if point else ''} committed: {seed['status']}, "
-                f"selected {seed['selected']}{shown}"
+                f"selected {seed['selected']}{shown} ({self.done}/{self.total} seeds, eta {self.eta()})"
             )
         if result.get("committed_seeds"):
             self.running.pop(trial.trial_id, None)

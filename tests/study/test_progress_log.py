@@ -36,10 +36,12 @@ def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next
     assert rc == 0, text[-3000:]
     lines = text.splitlines()
     started = [i for i, ln in enumerate(lines) if re.match(r"study logged: Ray started \(2 CPUs, 0 GPUs\); 4 runs planned", ln)]
-    seeds = [ln for ln in lines if re.match(r"study logged: seed [01] \(train\.lr=0\.0(1|03)\) committed: ok, selected step \d+, train_eval accuracy [0-9.]+$", ln)]
+    seeds = [ln for ln in lines if re.match(r"study logged: seed [01] \(train\.lr=0\.0(1|03)\) committed: ok, selected step \d+, train_eval accuracy [0-9.]+ \([1-4]/4 seeds, eta \d:\d\d:\d\d\)$", ln)]
     assert len(started) == 1, text
     assert len(seeds) == 4, text
     assert len({(ln.split(" (")[0], ln.split("(")[1].split(")")[0]) for ln in seeds}) == 4, "each seed once"
+    assert [ln.rsplit("(", 1)[1].split()[0] for ln in seeds] == ["1/4", "2/4", "3/4", "4/4"], "a running count"
+    assert seeds[-1].endswith("eta 0:00:00)"), seeds
     beats = [ln for ln in lines if re.match(r"study logged: \d/4 seeds committed.*\(\d+:\d\d:\d\d\)$", ln)]
     assert beats, f"no heartbeat line in:\n{text}"
     assert lines[-1].startswith("study logged: 4/4 runs committed") and "Next: study analyze logged" in lines[-1]
