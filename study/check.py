@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -517,9 +517,14 @@ class Repair:
     after: StudyCheck | None = None
 
 
-def repair_study(out: Path, study: str, address: str | None = None, num_cpus: int | None = None) -> Repair:
+def repair_study(
+    out: Path, study: str, address: str | None = None, num_cpus: int | None = None,
+    on_moved: Callable[[StudyCheck, Quarantined], None] | None = None,
+) -> Repair:
     """Quarantine the damaged runs and evaluations of seed study ``study`` and run them
-    again (see the module doc); returns what was done, with a check made afterwards."""
+    again (see the module doc); returns what was done, with a check made afterwards.
+    ``on_moved`` is called once the damaged files are moved, before anything runs again
+    (the CLI prints the damage and the move then, so an interrupted repair still says it)."""
     from study import manifest
     from study.lock import study_lock
 
@@ -547,6 +552,8 @@ def repair_study(out: Path, study: str, address: str | None = None, num_cpus: in
         before = check_study(out, study)  # again, now that no other driver writes
         moved = quarantine(out, study, before)
         repair = Repair(before, moved)
+        if on_moved is not None:
+            on_moved(before, moved)
         if moved.runs:
             counts = _run_locked(cfg, study, out, address, num_cpus, "seeds", extra, facts)
             repair.ran = int(counts.get("ran", 0))

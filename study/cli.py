@@ -478,9 +478,25 @@ def check(
             damaged |= bool(found.damage)
             repairable |= found.repairable
             continue
-        done = repair_study(out, study_name, address, num_cpus)
-        rows += [d.as_dict() for d in done.before.damage]
-        lines.append(done.before.summary())
+        shown: list[bool] = []
+
+        def moved_now(before: Any, moved: Any, shown: list[bool] = shown) -> None:
+            """The damage and the move, printed before anything runs again (a log of a
+            repair that is interrupted still says what was moved where)."""
+            if fmt != "table":
+                return
+            if before.damage:
+                typer.echo(format_rows([d.as_dict() for d in before.damage], fmt, columns=list(COLUMNS)))
+            typer.echo(before.summary())
+            if moved.folder is not None:
+                typer.echo(f"repair: {len(moved.files)} files moved to {moved.folder}; running them again")
+            sys.stdout.flush()
+            shown.append(True)
+
+        done = repair_study(out, study_name, address, num_cpus, on_moved=moved_now)
+        if not shown:
+            rows += [d.as_dict() for d in done.before.damage]
+            lines.append(done.before.summary())
         if done.moved.folder is not None:
             lines.append(
                 f"repair: {len(done.moved.files)} files moved to {done.moved.folder}; {done.ran} "
@@ -490,7 +506,8 @@ def check(
                    if done.not_evaluated else "")
             )
         assert done.after is not None
-        lines.append(f"after repair: {done.after.summary()}")
+        if done.before.damage:  # nothing was damaged: nothing was repaired, no "after repair"
+            lines.append(f"after repair: {done.after.summary()}")
         damaged |= bool(done.after.damage)
     if fmt == "table":
         if rows:

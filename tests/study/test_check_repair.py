@@ -158,6 +158,10 @@ def test_repair_retrains_exactly_the_damaged_seeds_then_checks_clean(story: dict
     assert res.returncode == 0, res.stdout + res.stderr
     assert "5 runs trained again, 1 evaluation run again" in res.stdout
     assert f"after repair: study {NAME}: 10 runs and 5 evaluations checked: no damage" in res.stdout
+    # the damage and the move are printed (and flushed) before anything runs again, so an
+    # interrupted repair's log has them; the counts of what ran come at the end
+    moved = res.stdout.index("; running them again")
+    assert res.stdout.index("evals") < moved < res.stdout.index("5 runs trained again")
     before, after = story["before"]["runs"], story["after"]["runs"]
     assert sorted(after) == list(range(SEEDS))
     same = {s for s in range(SEEDS) if after[s] == before[s]}
