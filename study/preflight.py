@@ -244,7 +244,36 @@ def check_address(address: str) -> str:
             "check the port: give the head node's GCS port (6379 unless `ray start --head --port` "
             "set another; `ray status --address ADDRESS` shows it), or omit --address for a local Ray",
         )
+    if not address.startswith("ray://") and not serves_gcs(f"{match['host']}:{port}"):
+        raise ConfigError(
+            "--address",
+            f"{address} speaks gRPC but is not a Ray head node's GCS (a Ray Client port, 10001 by "
+            "default, or a raylet's port?); Ray would try it for 20 s or more, then say no cluster answers",
+            "give the head node's GCS port (6379 unless `ray start --head --port` set another; "
+            "`ray status --address ADDRESS` checks it), or ray://HOST:10001 for a Ray Client port",
+        )
     return address
+
+
+GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+"""A method every Ray GCS serves (Ray 2.x), asked for by name: no Ray import, no token."""
+
+
+def serves_gcs(target: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """False if the gRPC server at ``host:port`` does not have the GCS's methods (it answers
+    UNIMPLEMENTED, as a Ray Client server, a raylet or any other gRPC server does); True
+    otherwise, a refusal of the missing token included (a GCS in token mode answers
+    UNAUTHENTICATED): ``ray.init`` then says what is wrong."""
+    import grpc
+
+    channel = grpc.insecure_channel(target)
+    try:
+        channel.unary_unary(GCS_METHOD)(b"", timeout=timeout)
+    except grpc.RpcError as exc:
+        return exc.code() != grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+    finally:
+        channel.close()
+    return True
 
 
 def speaks_grpc(target: str, timeout: float = PROBE_TIMEOUT_S) -> bool:

@@ -41,3 +41,33 @@ def test_an_address_whose_port_answers_but_not_as_ray_is_refused_in_seconds(
     assert "Fix: check the port" in line
     assert took < 60, took
     assert not out.exists()
+
+
+
+def test_an_address_that_speaks_grpc_but_is_no_gcs_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Probe D: the head's Ray Client port (10001) or a raylet's port passed the gRPC probe;
+    Ray then tried for 20 s or more (a bare gRPC server: minutes) before "no Ray cluster
+    answers ... Fix: start it", while the cluster ran. Now a GCS method is asked for by name
+    (a Ray Client server answers UNIMPLEMENTED, as this bare gRPC server does)."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # no services: not a GCS
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        out = tmp_path / "results"
+        address = f"127.0.0.1:{port}"
+        t0 = time.monotonic()
+        rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--address", address], capsys)
+        took = time.monotonic() - t0
+    finally:
+        server.stop(0)
+    line = check_refused(rc, err, f"error: --address: {address} speaks gRPC but is not a Ray head node's GCS",
+                         out, None)
+    assert rc == 2 and "give the head node's GCS port (6379" in line and "ray://HOST:10001" in line, line
+    assert took < 30, took
+    assert not out.exists()
