@@ -231,6 +231,17 @@ def prepare(
             "table's versions_json tells them apart. To keep them apart, run the changed code under "
             "a new --name", soft_wrap=True, highlight=False, markup=False,
         )
+    fewer = [(p, _old_count(old, p.trial_id)) for p in cfg.points if p.seeds.count < _old_count(old, p.trial_id)]
+    if fewer:
+        from rich.console import Console
+
+        p, had = fewer[0]
+        Console(stderr=True).print(
+            f"note: study {name!r} already plans {had} seeds for {len(fewer)} of its configs; asking for "
+            f"{p.seeds.count} removes none (committed runs are results): it keeps {had}. To study fewer "
+            "seeds, select them in SQL (WHERE seed < N), or run the config under a new --name",
+            soft_wrap=True, highlight=False, markup=False,
+        )
     now = dt.datetime.now(dt.UTC).isoformat()
     first = cfg.points[0].spec
     seeds = max(p.seeds.count for p in cfg.points)

@@ -83,6 +83,10 @@ def test_rerun_and_growth_never_duplicate(finished: tuple[Path, Path]) -> None:
     assert [(r["seed"], r["n"]) for r in runs] == [(0, 1), (1, 1), (2, 1), (3, 1)]
     status = json.loads(study("status", "tiny", "--out", str(out), "--format", "json").stdout)
     assert status[0]["planned"] == 4 and status[0]["done"] == 4 and status[0]["pending"] == 0
+    # fewer seeds than the study has remove none, and say so (it was silent)
+    res = study("run", str(cfg), "--out", str(out), "--num-cpus", "2", "--seeds", "2")
+    assert "note: study 'tiny' already plans 4 seeds for 1 of its configs; asking for 2 removes none" in res.stderr
+    assert sql(out, "SELECT count(*) AS n FROM runs")[0]["n"] == 4
 
 
 def test_changed_config_under_same_name_is_refused(finished: tuple[Path, Path], tmp_path: Path) -> None:
