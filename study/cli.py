@@ -605,15 +605,26 @@ def _command() -> Any:
     return command
 
 
-def _os_error(exc: OSError) -> str:
+UNWRITABLE_FIX = {
+    "report": "write the report elsewhere with --to FILE.html (or --to DIR/ for PNGs)",
+    "check": "make the results folder writable (remount it read-write, or fix its permissions), or repair "
+             "a writable copy of it (--out COPY)",
+}
+"""The fix for a folder that cannot be written, by command: a study's own folder cannot be
+moved with --out by a command that reads the study from there."""
+UNWRITABLE_FIX["resume"] = UNWRITABLE_FIX["eval"] = UNWRITABLE_FIX["check"]
+
+
+def _os_error(exc: OSError, command: str = "") -> str:
     where = f": {exc.filename}" if exc.filename else ""
     what = exc.strerror or str(exc) or type(exc).__name__
+    unwritable = UNWRITABLE_FIX.get(command)
     fixes = {
         errno.ENOSPC: "free disk space there and re-run the same command (committed runs are kept)",
         errno.EDQUOT: "free disk space there and re-run the same command (committed runs are kept)",
-        errno.EACCES: "give a path you can write (--out) or fix its permissions",
-        errno.EPERM: "give a path you can write (--out) or fix its permissions",
-        errno.EROFS: "give an --out on a writable file system",
+        errno.EACCES: unwritable or "give a path you can write (--out) or fix its permissions",
+        errno.EPERM: unwritable or "give a path you can write (--out) or fix its permissions",
+        errno.EROFS: unwritable or "give an --out on a writable file system",
         errno.ENOTDIR: "give a folder path, not a file",
         errno.EISDIR: "give a file path, not a folder",
         errno.ENOENT: "check the path",
@@ -648,7 +659,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         typer.echo(error_line(f"{message.rstrip('.')}. Fix: see `{command} --help`"), err=True)
         return int(getattr(exc, "exit_code", 2))
     except OSError as exc:
-        typer.echo(error_line(_os_error(exc)), err=True)
+        typer.echo(error_line(_os_error(exc, args[0] if args else "")), err=True)
         return 1
     except Exception as exc:
         if type(exc).__name__ == "AnalysisError":

@@ -796,3 +796,20 @@ def test_more_cpus_than_the_machine_has_is_noted(tmp_path: Path, capsys: pytest.
     check_resources(cfg, None, 100_000)
     err = capsys.readouterr().err
     assert f"--num-cpus 100000 is more than this machine's {machine} CPUs" in err and "100000 trials" in err
+
+
+def test_an_unwritable_results_folder_gets_the_fix_of_its_command() -> None:
+    """Probe G: `study report` and `study check --repair` on a read-only results folder said
+    "give an --out on a writable file system", but another --out has no such study in it:
+    the report goes elsewhere with --to, a repair needs the folder (or a copy) writable."""
+    import errno
+
+    from study.cli import _os_error
+
+    ro = OSError(errno.EROFS, "Read-only file system", "results/s/report.html")
+    assert _os_error(ro, "report").endswith("Fix: write the report elsewhere with --to FILE.html (or --to DIR/ for PNGs)")
+    for command in ("check", "resume", "eval"):
+        assert "Fix: make the results folder writable (remount it read-write" in _os_error(ro, command)
+    assert _os_error(ro, "run").endswith("Fix: give an --out on a writable file system")
+    denied = OSError(errno.EACCES, "Permission denied", "results/s/driver.lock")
+    assert "repair a writable copy of it (--out COPY)" in _os_error(denied, "check")
