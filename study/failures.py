@@ -114,7 +114,21 @@ class TrialErrors(logging.Filter):
         message = record.getMessage()
         if message.startswith("Trial task failed for trial "):
             self.errors[message.rsplit(" ", 1)[-1]] = error
+        if worker_died(error):  # a killed worker or a lost node: Tune retries it, no traceback
+            first = (str(unwrapped(error)[0]).strip().splitlines() or [""])[0][:300]
+            record.msg = (f"{message}: its worker died ({first}); Ray retries the trial from its last "
+                          "checkpoint while execution.max_failures allows")
+            record.args, record.exc_info, record.exc_text = (), None, None
+            return True
         return not one_line(error)
+
+
+def worker_died(error: BaseException) -> bool:
+    """Whether ``error`` is Ray's word that a trial's worker process died (SIGKILL, its node
+    lost): not the trial's own error, so its traceback says nothing."""
+    from ray.exceptions import ActorDiedError
+
+    return any(isinstance(cause, ActorDiedError) for cause in unwrapped(error))
 
 
 def one_line(error: BaseException) -> bool:

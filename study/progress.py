@@ -89,6 +89,10 @@ class ProgressCallback(Callback):
         """Set by :meth:`finish`: seeds still left will not run in this driver."""
         self.last_commit = self.started
         """When the latest seed committed (the ETA extrapolates from it)."""
+        self.wave = 0
+        """The most seeds seen running at once: seeds train in waves of about that many (two
+        bundles of three on two CPUs: six), so the time per seed is the time so far over at
+        least one wave (over the first commit alone, the first ETA was several times too high)."""
         self.bar = progress.add_task(title, total=total, completed=done, info="", eta=self.eta()) if progress else None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -120,16 +124,17 @@ class ProgressCallback(Callback):
         return parts
 
     def eta(self, now: float | None = None) -> str:
-        """Time left, ``H:MM:SS``: the mean time per seed committed by this driver so far,
-        times the seeds left, counted down from the latest commit (``-:--:--`` before the
-        first). Rich's own estimate only looks at the last 30 s, so it is blank whenever
-        seeds commit further apart than that (most studies)."""
+        """Time left, ``H:MM:SS``: the mean time per seed committed by this driver so far
+        (over at least one wave of seeds running at once), times the seeds left, counted down
+        from the latest commit (``-:--:--`` before the first). Rich's own estimate only looks
+        at the last 30 s, so it is blank whenever seeds commit further apart than that (most
+        studies)."""
         ran, left_seeds = self.done - self.done_at_start, self.total - self.done - self.failed
         if left_seeds <= 0:  # every seed committed or failed: nothing is left to wait for
             return _clock(0)
         if ran <= 0 or self.ended:  # nothing committed yet, or stopped with seeds left
             return "-:--:--"
-        per_seed = (self.last_commit - self.started) / ran
+        per_seed = (self.last_commit - self.started) / max(ran, min(self.wave, ran + left_seeds))
         left = self.last_commit + per_seed * left_seeds - (time.monotonic() if now is None else now)
         return _clock(max(left, 0.0))
 
@@ -161,15 +166,18 @@ class ProgressCallback(Callback):
         values = result.get("sel_values") or []
         self.metric = result.get("sel_metric", self.metric)
         self.running[trial.trial_id] = Running(str(result.get("at", "")), int(result.get("active", 0)), list(values))
-        for seed in result.get("committed_seeds") or []:
-            self.done += 1
+        self.wave = max(self.wave, sum(r.active for r in self.running.values()))
+        committed = result.get("committed_seeds") or []
+        before, self.done = self.done, self.done + len(committed)  # a bundle's seeds commit together:
+        if committed:  # the ETA counts them all at once (one at a time it ran far too high)
             self.last_commit = time.monotonic()
+        for k, seed in enumerate(committed, start=before + 1):
             point = self.points[trial.config["unit_index"]]
             value = seed.get("value")
             shown = f", {self.metric} {value:.4g}" if value is not None and self.metric else ""
             self._line(  # a log's running count: heartbeats pause while seeds commit
                 f"seed {seed['seed']}{f' ({point})' if point else ''} committed: {seed['status']}, "
-                f"selected {seed['selected']}{shown} ({self.done}/{self.total} seeds, eta {self.eta()})"
+                f"selected {seed['selected']}{shown} ({k}/{self.total} seeds, eta {self.eta()})"
             )
         if result.get("committed_seeds"):
             self.running.pop(trial.trial_id, None)

@@ -98,3 +98,14 @@ def test_tunes_failed_trial_log_keeps_each_error_and_drops_only_the_tracebacks_f
     assert errors.filter(record("Trial task failed for trial T_00002", bug)) is True  # a retry: the latest kept
     assert errors.filter(record("something else", None)) is True
     assert errors.errors == {"T_00000": ours, "T_00001": oom, "T_00002": bug}
+    # a worker killed (or its node lost), which Tune retries: one line, no 28-line traceback
+    from ray.exceptions import ActorDiedError
+
+    died = record("Trial task failed for trial T_00003", ActorDiedError())
+    assert errors.filter(died) is True and died.exc_info is None
+    assert died.getMessage() == (
+        "Trial task failed for trial T_00003: its worker died (The actor died unexpectedly before "
+        "finishing this task.); Ray retries the trial from its last checkpoint while "
+        "execution.max_failures allows"
+    )
+    assert isinstance(errors.errors["T_00003"], ActorDiedError)  # kept for the failure line

@@ -181,3 +181,18 @@ def test_a_study_on_an_80_column_terminal_shows_counts_running_and_eta(tmp_path:
     assert all(re.search(r" [012]/2 ", f) and re.search(r"eta (-:--:--|\d:\d\d:\d\d)$", f) for f in running), running
     assert any(re.search(r" 1/2 .*eta \d:\d\d:\d\d$", f) for f in running), running  # an ETA after seed 0
     assert re.search(r" 2/2 +\d:\d\d:\d\d eta 0:00:00$", frames[-1]), frames[-1]  # nothing stale
+
+
+def test_the_first_eta_counts_the_seeds_running_at_once() -> None:
+    """Probe G: two bundles of three running at once, the first seed committed after 60 s:
+    the ETA was 60 s x 11 seeds left = 11 min, while the 12 seeds train in two waves of six
+    (about 1 min more). The time per seed is now taken over at least one wave."""
+    cb = ProgressCallback("study s: seeds", 12, 0, [3] * 4, [""] * 4)
+    cb.started -= 60.0
+    a, b = (Trial("fineline", config={"unit_index": i}, stub=True) for i in (0, 1))
+    for t in (a, b):
+        cb.on_trial_result(1, [a, b], t, {"at": "epoch 5", "active": 3, "sel_values": [0.5] * 3})
+    assert cb.wave == 6
+    cb.on_trial_result(2, [a, b], a, {"committed_seeds": [
+        {"seed": 0, "status": "ok", "selected": "epoch 3", "value": 0.5}]})
+    assert cb.eta() in ("0:01:49", "0:01:50")  # 60 s / 6 per seed x 11 left
