@@ -153,11 +153,16 @@ def resume(
     out: OutOpt = Path("results"),
     address: AddressOpt = None,
     num_cpus: CpusOpt = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option("--seeds", min=1, help="Grow a seed study: at least this many seeds per config "
+                     "(committed runs are kept; the recorded overrides need not be typed again)."),
+    ] = None,
 ) -> None:
     """Finish an interrupted study from its manifest (committed runs are kept).
 
     It reruns the config recorded there (the study file with its command-line overrides
-    applied) with its seed counts."""
+    applied) with its seed counts; --seeds N grows every config to at least N seeds."""
     import dataclasses
 
     from study import manifest
@@ -180,12 +185,21 @@ def resume(
     if m.get("kind") == "tune":
         from study.tuning import run_tuning
 
+        if seeds is not None:
+            raise ConfigError("--seeds", f"{name} is a tuning study: its seeds per candidate are part of "
+                              "its search", f"run a seed study of its best candidate: `study run --from-best "
+                              f"{name} --seeds {seeds} --out {out}`")
+
         raw = manifest.recorded_config(m)
         cfg = dataclasses.replace(manifest.parse_recorded(m, raw, None), overrides=recorded)
         counts = run_tuning(cfg, name, out, trials, address, num_cpus)
         typer.echo(_tuning_summary(cfg, name, out, counts, address))
         return
     cfg, extra = recorded_study(out, name, m)
+    if seeds is not None:
+        from study.config import with_point_counts
+
+        cfg = with_point_counts(cfg, {p.trial_id: max(p.seeds.count, seeds) for p in cfg.points})
     counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
     typer.echo(_finished(name, out, counts))
 

@@ -87,6 +87,12 @@ def test_rerun_and_growth_never_duplicate(finished: tuple[Path, Path]) -> None:
     res = study("run", str(cfg), "--out", str(out), "--num-cpus", "2", "--seeds", "2")
     assert "note: study 'tiny' already plans 4 seeds for 1 of its configs; asking for 2 removes none" in res.stderr
     assert sql(out, "SELECT count(*) AS n FROM runs")[0]["n"] == 4
+    # `study resume --seeds` grows it from its manifest: no study file or overrides to retype
+    study("resume", "tiny", "--out", str(out), "--num-cpus", "2", "--seeds", "5")
+    runs = sql(out, "SELECT seed, count(*) AS n FROM runs GROUP BY seed ORDER BY seed")
+    assert [(r["seed"], r["n"]) for r in runs] == [(s, 1) for s in range(5)]
+    status = json.loads(study("status", "tiny", "--out", str(out), "--format", "json").stdout)
+    assert status[0]["planned"] == 5 and status[0]["pending"] == 0
 
 
 def test_changed_config_under_same_name_is_refused(finished: tuple[Path, Path], tmp_path: Path) -> None:
