@@ -12,7 +12,9 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -396,3 +398,53 @@ def warn_cluster_resources(cfg: StudyConfig) -> None:
                 f"of the cluster has {have:g}; trials wait until a node that big joins[/yellow]",
                 soft_wrap=True,
             )
+
+
+HEAD_LOST_S = 30.0
+"""Seconds the head node's GCS port may refuse connections before a cluster driver gives up
+on it (:class:`HeadWatch`). Ray's own driver waits 60 s, spinning a core, then dies with
+one C++ line and no counts; a GCS with fault tolerance is back well within this."""
+
+
+class HeadWatch:
+    """A daemon thread that connects to a cluster's GCS port every few seconds; once it has
+    refused (or timed out) for ``lost_after_s``, ``on_lost(why)`` is called from the thread,
+    once. Use as a context manager around the driver's work."""
+
+    def __init__(self, address: str, on_lost: Callable[[str], None], *, every_s: float = 2.0,
+                 lost_after_s: float = HEAD_LOST_S) -> None:
+        match = ADDRESS_RE.match(address)
+        self.target = (match["host"].strip("[]"), int(match["port"])) if match else None
+        self.address, self.on_lost = address, on_lost
+        self.every_s, self.lost_after_s = every_s, lost_after_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="fineline-head-watch", daemon=True)
+
+    def __enter__(self) -> HeadWatch:
+        if self.target is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+    def _answers(self) -> bool:
+        assert self.target is not None
+        try:
+            with socket.create_connection(self.target, timeout=min(self.every_s, 3.0)):
+                return True
+        except OSError:
+            return False
+
+    def _watch(self) -> None:
+        down_since: float | None = None
+        while not self.stop.wait(self.every_s):
+            if self._answers():
+                down_since = None
+                continue
+            now = time.monotonic()
+            down_since = down_since if down_since is not None else now
+            if now - down_since >= self.lost_after_s and not self.stop.is_set():
+                self.on_lost(f"the cluster's head node (GCS at {self.address}) has not answered for "
+                             f"{now - down_since:.0f} s")
+                return

@@ -29,11 +29,12 @@ from study.failures import (
     failures_by_cause,
     fit_reporting_memory,
 )
-from study.lock import study_lock
+from study.lock import LOCK_FILE, study_lock
 from study.plan import default_cpus, plan_units, seedsets, unit_payload
 from study.preflight import (
     DEAD_FIX,
     TOKEN_FIX,
+    HeadWatch,
     check_address,
     check_resources,
     held_stderr,
@@ -138,11 +139,14 @@ def connect(address: str, runtime_env: dict[str, Any] | None) -> None:
 
 @contextmanager
 def ray_session(
-    address: str | None, num_cpus: int | None, runtime_env: dict[str, Any] | None = None
+    address: str | None, num_cpus: int | None, runtime_env: dict[str, Any] | None = None,
+    on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, float]]:
     """A Ray connection: a fresh local Ray (no dashboard, no usage stats) or ``address``.
 
     ``runtime_env`` is the job's (:func:`worker_env`: the plugin modules every worker needs).
+    ``on_lost``: on a cluster, called (from a watcher thread) once the head node's GCS has
+    not answered for :data:`~study.preflight.HEAD_LOST_S` (:class:`~study.preflight.HeadWatch`).
 
     Authentication is decided once, here and in ``cluster.yaml``: every Ray process of a
     fineline cluster runs with token authentication (``RAY_AUTH_MODE=token``). Ray 2.60
@@ -178,8 +182,10 @@ def ray_session(
             )
     stops.install()
     SIGNALS = stops
+    watch = HeadWatch(address, on_lost) if address and on_lost is not None else contextlib.nullcontext()
     try:
-        yield ray.cluster_resources()
+        with watch:
+            yield ray.cluster_resources()
     finally:
         stops.closing = True
         try:
@@ -439,6 +445,32 @@ def recorded_study(out: Path, name: str, m: dict[str, Any]) -> tuple[StudyConfig
     return dataclasses.replace(cfg, overrides=recorded), {k: m[k] for k in ("tuned_from",) if k in m}
 
 
+def head_lost(cfg: StudyConfig, name: str, out: Path, address: str | None) -> Callable[[str], None]:
+    """What a cluster driver does when the head node is gone (:class:`HeadWatch`): nothing of
+    Ray can be trusted to stop cleanly, so it says what is committed and how to finish, records
+    why the run stopped (``study status``), clears its lock record, and exits 1 at once."""
+
+    def lost(why: str) -> None:
+        planned, done = committed_counts(cfg, out, name)
+        stopped = f"lost the Ray cluster: {why}"
+        with contextlib.suppress(Exception):
+            record_last_run(out, name, [], stopped)
+            with open(Path(out) / name / LOCK_FILE, "r+") as lock:  # ours: not a killed driver
+                lock.truncate(0)
+        with contextlib.suppress(Exception):
+            console.print(
+                f"error: study {name}: {done}/{planned} runs committed, 0 failed, {planned - done} pending "
+                f"({stopped}). Fix: restart the cluster (or its head node), then "
+                f"{resume_command(name, out, address)} (committed runs are kept)",
+                soft_wrap=True, highlight=False, markup=False,
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(1)
+
+    return lost
+
+
 def resume_command(name: str, out: Path, address: str | None) -> str:
     cmd = f"study resume {name} --out {out}"
     return cmd + (f" --address {address}" if address else "")
@@ -494,7 +526,7 @@ def _run_locked(
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
     try:
-        with ray_session(address, num_cpus, worker_env(cfg)) as resources:
+        with ray_session(address, num_cpus, worker_env(cfg), on_lost=head_lost(cfg, name, out, address)) as resources:
             stops = SIGNALS
             if address:
                 warn_cluster_resources(cfg)

@@ -333,3 +333,43 @@ def test_ports_drawn_for_one_node_are_distinct() -> None:
     # with all but one port of the range taken, a draw never returns a taken one
     crowded = set(range(20000, 32768)) - {ports[0]}
     assert free_port(crowded) not in set(range(20000, 32768)) - {ports[0]}
+
+
+@pytest.mark.slow  # ~70 s: a cluster of its own (its head dies), then HEAD_LOST_S
+def test_a_dead_head_node_ends_the_driver_with_counts_and_the_resume_command(tmp_path: Path) -> None:
+    """Probe D: the head's GCS and raylet SIGKILLed mid-study left the driver spinning a core
+    for 60 s, then exiting 1 with only Ray's "Failed to connect to GCS within 60 seconds"
+    line: no counts, no resume command, nothing for `study status`. Now the driver's head
+    watch gives up after HEAD_LOST_S with the usual summary line and records why."""
+    import shutil
+
+    from study.preflight import HEAD_LOST_S
+
+    own = Cluster()
+    out, name = tmp_path / "results", "headdie"
+    try:
+        log = tmp_path / f"{name}.log"
+        driver = start_study(own, log, "run", str(CONFIG), "train.max_epochs=2000", "--name", name,
+                             "--seeds", "2", "--out", str(out), "--address", own.address)
+        wait_for(lambda: "connected to Ray" in log.read_text(), "the driver to connect", 120, driver)
+        time.sleep(5)
+        own.head.kill()
+        t0 = time.monotonic()
+        rc = driver.wait(timeout=HEAD_LOST_S + 60)
+        took = time.monotonic() - t0
+    finally:
+        if driver.poll() is None:
+            send(family(driver.pid).values(), signal.SIGKILL)
+        left = own.stop()
+        shutil.rmtree(own.root, ignore_errors=True)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    assert HEAD_LOST_S <= took < 60, (took, text[-2000:])  # before Ray's own 60 s
+    line = [ln for ln in text.splitlines() if ln.startswith("error: ")][-1]
+    assert line.startswith(f"error: study {name}: 0/2 runs committed, 0 failed, 2 pending (lost the Ray "
+                           f"cluster: the cluster's head node (GCS at {own.address}) has not answered"), line
+    assert f"then study resume {name} --out {out} --address {own.address}" in line, line
+    record = json.loads((out / name / "last_run.json").read_text())
+    assert record["stopped"].startswith("lost the Ray cluster")
+    assert (out / name / "driver.lock").read_text() == ""  # not taken for a killed driver
+    assert not left, [(p.pid, p.cmd[:80]) for p in left]

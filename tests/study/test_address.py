@@ -71,3 +71,24 @@ def test_an_address_that_speaks_grpc_but_is_no_gcs_is_refused_at_once(
     assert rc == 2 and "give the head node's GCS port (6379" in line and "ray://HOST:10001" in line, line
     assert took < 30, took
     assert not out.exists()
+
+
+def test_the_head_watch_calls_once_the_gcs_port_stops_answering() -> None:
+    """Probe D: a cluster whose head died left the driver spinning a core for 60 s, then dying
+    with Ray's C++ line and no counts. The watch sees the GCS port refuse for
+    ``lost_after_s`` and calls ``on_lost`` once; while the port answers it never does."""
+    import socket
+
+    from study.preflight import HeadWatch
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    calls: list[str] = []
+    with HeadWatch(address, calls.append, every_s=0.05, lost_after_s=0.3) as watch:
+        time.sleep(0.5)
+        assert calls == []  # it answers
+        listener.close()
+        watch.thread.join(timeout=5)
+    assert len(calls) == 1 and calls[0].startswith(f"the cluster's head node (GCS at {address}) has not answered for"), calls
+    with HeadWatch("ray://h:10001x", calls.append) as idle:  # not HOST:PORT: nothing to watch
+        assert not idle.thread.is_alive()

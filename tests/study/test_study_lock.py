@@ -140,10 +140,9 @@ def test_status_says_a_driver_runs_now_or_was_killed(tmp_path: Path, capsys: pyt
     run's "last run ... stopped early" line and nothing else. Now it names the running
     driver (the lock's holder), or the killed one (its details left in the lock file, which
     every other ending clears), with the fix."""
-    from study.lock import study_lock
-
     from analysis.demo import write_demo_study
     from study.cli import cli_main
+    from study.lock import study_lock
     from study.status import driver_lines
 
     out = tmp_path / "results"
