@@ -106,6 +106,15 @@ class StopSignals:
         return 128 + int(self.received) if self.received is not None else 1
 
 
+RAY_CLIENT_NOTE = (
+    "note: ray:// (Ray Client) runs Ray Tune inside the cluster, so fineline's per-seed lines and "
+    "progress do not reach this terminal (Ray Tune's own output does); the results are the same. "
+    "For them, run the driver where the head's GCS port is reachable (HOST:6379; e.g. on the head "
+    "node: `ray attach cluster.yaml`)"
+)
+"""Said once when ``--address`` is a Ray Client address (probe D: 131 lines of Ray Tune's
+output for a 20 s study, and none of fineline's)."""
+
 SIGNALS: StopSignals | None = None
 """The current Ray session's signal handling (None outside one)."""
 
@@ -165,6 +174,8 @@ def ray_session(
     if address:
         address = check_address(address)
         console.print(f"connecting to Ray at {address}")
+        if address.startswith("ray://"):
+            console.print(RAY_CLIENT_NOTE, soft_wrap=True, highlight=False, markup=False)
         with held_stderr():  # Ray's retry lines, printed unless one error below says it all
             connect(address, runtime_env)
     else:

@@ -227,6 +227,7 @@ class Cluster:
         self.token = self.root / "auth_token"
         self.token.write_text(secrets.token_hex(32))
         self.port = 0  # the head's GCS port, drawn with its other ports at each try
+        self.client_port = 0
         self.node_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
             "RAY_AUTH_MODE": "token",  # every node agrees (as cluster.yaml does)
@@ -248,8 +249,9 @@ class Cluster:
         self.port = free_port(taken)
         head = f"--head --port {self.port} --temp-dir {self.root / 'ray'} --include-dashboard false"
         # the client server's default 10001 would clash with any other Ray head on this machine
+        self.client_port = free_port(taken)  # the head's Ray Client server (ray://)
         return [*head.split(), "--dashboard-port", str(free_port(taken)),
-                "--ray-client-server-port", str(free_port(taken))]
+                "--ray-client-server-port", str(self.client_port)]
 
     def _node(self, name: str, extra: Callable[[set[int]], list[str]]) -> RayNode:
         """Start one node; ``extra`` gives its own arguments from the set of ports taken so far

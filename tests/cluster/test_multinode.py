@@ -373,3 +373,13 @@ def test_a_dead_head_node_ends_the_driver_with_counts_and_the_resume_command(tmp
     assert record["stopped"].startswith("lost the Ray cluster")
     assert (out / name / "driver.lock").read_text() == ""  # not taken for a killed driver
     assert not left, [(p.pid, p.cmd[:80]) for p in left]
+
+
+@pytest.mark.slow  # ~40 s: a Ray Client session runs Ray Tune inside the cluster
+def test_a_ray_client_address_runs_and_says_what_it_cannot_show(cluster: Cluster, out: Path) -> None:
+    """Probe D: ray://HOST:PORT works but fineline's own lines never reach the terminal;
+    the driver now says so once, up front, and where to run it to get them."""
+    name = "rayclient"
+    res = study(cluster, *run_args(out, name, 2, f"ray://127.0.0.1:{cluster.client_port}"))
+    assert "note: ray:// (Ray Client) runs Ray Tune inside the cluster" in res.stderr, res.stderr[-3000:]
+    assert_complete(out, name, 2)
