@@ -114,10 +114,10 @@ def _forget(lock: Path, created: list[Path]) -> None:
             return
 
 
-def writer(out: Path, name: str) -> str | None:
-    """Who holds study ``name``'s lock now (``pid P on HOST (since T: COMMAND)``), or None:
-    a probe that takes the lock for an instant when it is free, never waits, never creates
-    the file."""
+def _probe(out: Path, name: str) -> tuple[bool, str | None] | None:
+    """(held, holder details) of study ``name``'s lock, taking it for an instant when it is
+    free (never waiting, never creating the file); details None when the file is empty (the
+    last holder ended normally). None when there is no lock file."""
     path = Path(out) / name / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -127,10 +127,16 @@ def writer(out: Path, name: str) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return _holder(fd)
-        return None
+            return True, _holder(fd)
+        return False, (_holder(fd) if os.pread(fd, 1, 0) else None)
     finally:
         os.close(fd)
+
+
+def writer(out: Path, name: str) -> str | None:
+    """Who holds study ``name``'s lock now (``pid P on HOST (since T: COMMAND)``), or None."""
+    probe = _probe(out, name)
+    return probe[1] if probe is not None and probe[0] else None
 
 
 def killed_holder(out: Path, name: str) -> str | None:
@@ -138,18 +144,5 @@ def killed_holder(out: Path, name: str) -> str | None:
     (SIGKILL, the kernel's out-of-memory killer, a lost machine: its details are still in
     the file, which every other ending clears), as ``pid P on HOST (since T: COMMAND)``;
     None while a driver holds the lock, or when the last one ended normally."""
-    path = Path(out) / name / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return None  # held: a driver runs now (:func:`writer`)
-        if not os.pread(fd, 1, 0):
-            return None
-        return _holder(fd)
-    finally:
-        os.close(fd)
+    probe = _probe(out, name)
+    return probe[1] if probe is not None and not probe[0] else None

@@ -18,6 +18,15 @@ class Quiet(BaseHTTPRequestHandler):
         pass
 
 
+def run_at(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
+    """``study run`` of the tiny study with ``--address address`` into ``tmp_path/results``:
+    (exit code, stderr, seconds taken)."""
+    t0 = time.monotonic()
+    rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(tmp_path / "results"),
+                       "--address", address], capsys)  # fmt: skip
+    return rc, err, time.monotonic() - t0
+
+
 def test_an_address_whose_port_answers_but_not_as_ray_is_refused_in_seconds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -27,11 +36,8 @@ def test_an_address_whose_port_answers_but_not_as_ray_is_refused_in_seconds(
     server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        out = tmp_path / "results"
-        address = f"127.0.0.1:{server.server_address[1]}"
-        t0 = time.monotonic()
-        rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--address", address], capsys)
-        took = time.monotonic() - t0
+        out, address = tmp_path / "results", f"127.0.0.1:{server.server_address[1]}"
+        rc, err, took = run_at(address, tmp_path, capsys)
     finally:
         server.shutdown()
         server.server_close()
@@ -41,7 +47,6 @@ def test_an_address_whose_port_answers_but_not_as_ray_is_refused_in_seconds(
     assert "Fix: check the port" in line
     assert took < 60, took
     assert not out.exists()
-
 
 
 def test_an_address_that_speaks_grpc_but_is_no_gcs_is_refused_at_once(
@@ -59,11 +64,8 @@ def test_an_address_that_speaks_grpc_but_is_no_gcs_is_refused_at_once(
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        out = tmp_path / "results"
-        address = f"127.0.0.1:{port}"
-        t0 = time.monotonic()
-        rc, err = run_cli(["run", str(write(tmp_path, TINY)), "--out", str(out), "--address", address], capsys)
-        took = time.monotonic() - t0
+        out, address = tmp_path / "results", f"127.0.0.1:{port}"
+        rc, err, took = run_at(address, tmp_path, capsys)
     finally:
         server.stop(0)
     line = check_refused(rc, err, f"error: --address: {address} speaks gRPC but is not a Ray head node's GCS",
