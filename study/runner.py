@@ -74,7 +74,13 @@ class StopSignals:
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            self.before = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+            self.before = {s: signal.signal(s, self.handle) for s in self.SIGNALS if not self.ignored(s)}
+
+    @staticmethod
+    def ignored(sig: signal.Signals) -> bool:
+        """SIGHUP ignored (``nohup study run ...``) stays ignored: closing the terminal must not
+        stop a study its user detached on purpose."""
+        return sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN
 
     def restore(self) -> None:
         for s, h in self.before.items():

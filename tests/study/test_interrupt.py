@@ -149,3 +149,28 @@ def test_the_console_script_runs_the_cli_through_the_interrupt_safe_entry_point(
     done = subprocess.run([sys.executable, "-m", "study", "--help"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "Commands" in done.stdout, done
+
+
+def test_sighup_ignored_by_nohup_stays_ignored() -> None:
+    """`nohup study run ...` ignores SIGHUP so the study outlives its terminal: the driver's
+    handler must not take that back (SIGINT and SIGTERM are still handled)."""
+    from study.runner import StopSignals
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        stops = StopSignals()
+        stops.install()
+        try:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == stops.handle
+        finally:
+            stops.restore()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        stops = StopSignals()
+        stops.install()
+        try:
+            assert signal.getsignal(signal.SIGHUP) == stops.handle  # a terminal's hang-up stops it cleanly
+        finally:
+            stops.restore()
+    finally:
+        signal.signal(signal.SIGHUP, before)
