@@ -380,6 +380,14 @@ def test_a_ray_client_address_runs_and_says_what_it_cannot_show(cluster: Cluster
     """Probe D: ray://HOST:PORT works but fineline's own lines never reach the terminal;
     the driver now says so once, up front, and where to run it to get them."""
     name = "rayclient"
-    res = study(cluster, *run_args(out, name, 2, f"ray://127.0.0.1:{cluster.client_port}"))
+    args = study_cmd(*run_args(out, name, 2, f"ray://127.0.0.1:{cluster.client_port}"))
+    # Ray's client server starts a Python process per client; on two cores busy with the rest of
+    # the slow suite, Ray Client's own connect timed out once (one retry, for that error only)
+    for attempt in range(2):
+        res = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                             env=cluster.driver_env(), cwd=ROOT)
+        if res.returncode == 0 or "no Ray cluster answers" not in res.stderr or attempt:
+            break
+    assert res.returncode == 0, res.stderr[-3000:]
     assert "note: ray:// (Ray Client) runs Ray Tune inside the cluster" in res.stderr, res.stderr[-3000:]
     assert_complete(out, name, 2)
