@@ -254,7 +254,7 @@ def _commit_named(out: Path, table: str, files: list[Path], stems: dict[str, set
             kept.append(f)
             have.add((study, f.stem))
         elif stem_key(f.stem) is None:
-            _warn(out, f, f"warning: {f} is no commit's file (a copy?); the views leave it out. "
+            _warn(f, f"warning: {f} is no commit's file (a copy?); the views leave it out. "
                           f"Fix: study check {study} --repair --out {out} moves it to quarantine/")
     for study, names in sorted(stems.items()):
         for stem in sorted(names):
@@ -262,7 +262,7 @@ def _commit_named(out: Path, table: str, files: list[Path], stems: dict[str, set
             wanted = table != "metrics" or not stem.startswith("eval-")  # evaluations write evals, predictions
             if key is not None and wanted and (study, stem) not in have:
                 missing = Path(out) / "tables" / table / f"study={study}" / f"{stem}.parquet"
-                _warn(out, missing, f"warning: {missing} is missing (committed: trial {key[0]} seed {key[1]}); "
+                _warn(missing, f"warning: {missing} is missing (committed: trial {key[0]} seed {key[1]}); "
                                     f"the views show none of its {table} rows. Fix: study check {study} --repair "
                                     f"--out {out} runs it again")
     return kept
@@ -325,7 +325,7 @@ _WARNED: set[Path] = set()
 """Damaged files already named on stderr by this process (each is named once)."""
 
 
-def _warn(out: Path, path: Path, line: str) -> None:
+def _warn(path: Path, line: str) -> None:
     """One stderr line about a file the views leave out (each file named once per process)."""
     if path in _WARNED:
         return
@@ -337,7 +337,7 @@ def _warn_damaged(out: Path, path: Path, error: Exception) -> None:
     """One stderr line naming a file the views leave out because it cannot be read."""
     study = path.parent.name.removeprefix("study=")
     why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-    _warn(out, path, f"warning: {path} cannot be read ({why}); the views leave it out. "
+    _warn(path, f"warning: {path} cannot be read ({why}); the views leave it out. "
                      f"Fix: study check {study} --repair --out {out}")
 
 

@@ -171,15 +171,15 @@ class ProgressCallback(Callback):
         before, self.done = self.done, self.done + len(committed)  # a bundle's seeds commit together:
         if committed:  # the ETA counts them all at once (one at a time it ran far too high)
             self.last_commit = time.monotonic()
+        point = self.points[trial.config["unit_index"]]
         for k, seed in enumerate(committed, start=before + 1):
-            point = self.points[trial.config["unit_index"]]
             value = seed.get("value")
             shown = f", {self.metric} {value:.4g}" if value is not None and self.metric else ""
             self._line(  # a log's running count: heartbeats pause while seeds commit
                 f"seed {seed['seed']}{f' ({point})' if point else ''} committed: {seed['status']}, "
                 f"selected {seed['selected']}{shown} ({k}/{self.total} seeds, eta {self.eta()})"
             )
-        if result.get("committed_seeds"):
+        if committed:
             self.running.pop(trial.trial_id, None)
         self._show()
 

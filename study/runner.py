@@ -469,23 +469,28 @@ def head_lost(cfg: StudyConfig, name: str, out: Path, address: str | None) -> Ca
 
     def lost(why: str) -> None:
         planned, done = committed_counts(cfg, out, name)
+        counts = {"planned": planned, "done": done, "failed": 0, "pending": planned - done}
         stopped = f"lost the Ray cluster: {why}"
         with contextlib.suppress(Exception):
             record_last_run(out, name, [], stopped)
             with open(Path(out) / name / LOCK_FILE, "r+") as lock:  # ours: not a killed driver
                 lock.truncate(0)
         with contextlib.suppress(Exception):
-            console.print(
-                f"error: study {name}: {done}/{planned} runs committed, 0 failed, {planned - done} pending "
-                f"({stopped}). Fix: restart the cluster (or its head node), then "
-                f"{resume_command(name, out, address)} (committed runs are kept)",
-                soft_wrap=True, highlight=False, markup=False,
-            )
+            fix = f"restart the cluster (or its head node), then {resume_command(name, out, address)} (committed runs are kept)"
+            console.print("error: " + incomplete_line(name, counts, stopped, fix),
+                          soft_wrap=True, highlight=False, markup=False)
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(1)
 
     return lost
+
+
+def incomplete_line(name: str, counts: dict[str, int], why: str, fix: str) -> str:
+    """The line an incomplete study ends with: ``study NAME: 3/8 runs committed, 1 failed, 4
+    pending (why). Fix: ...`` (``counts``: planned, done, failed, pending)."""
+    return (f"study {name}: {counts['done']}/{counts['planned']} runs committed, {counts['failed']} failed, "
+            f"{counts['pending']} pending ({why}). Fix: {fix}")
 
 
 def resume_command(name: str, out: Path, address: str | None) -> str:
@@ -596,8 +601,7 @@ def _run_locked(
             why = why or f"{len(failed_units)} trial(s) failed (errors above)"
             fix = f"fix the cause shown above, then {resume}"
         raise StudyIncomplete(
-            f"study {name}: {done}/{planned} runs committed, {failed} failed, {pending} pending ({why or 'incomplete'}). "
-            f"Fix: {fix}{kept}",
+            incomplete_line(name, counts, why or "incomplete", f"{fix}{kept}"),
             stops.exit_code if interrupted and stops else 1,
         )
     return counts

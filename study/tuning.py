@@ -83,7 +83,7 @@ from trainables.tuning_unit import (
 
 def ranking_sql(name: str, direction: str, space_keys: list[str], limit: int = 5) -> str:
     """SQL ranking the fully committed candidates of ``name`` (best first), for `study sql`:
-    the order of :func:`analysis.verdict.candidate_rank`."""
+    the order of :func:`analysis.manifest.candidate_rank`."""
     order = "DESC" if direction == "maximize" else "ASC"
     params = "".join(f"{param_column(k)}, " for k in space_keys)
     return (
