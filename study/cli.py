@@ -1,4 +1,4 @@
-"""The ``study`` command line: run, resume, ls, status, sql, analyze, report, tune, eval, check.
+"""The ``study`` command line: run, resume, stop, ls, status, sql, analyze, report, tune, eval, check.
 
 Words, as the output and the help use them: a **config** is one resolved configuration
 (task, model, training), named by its ``trial_id`` (a hash; the Parquet column keeps that
@@ -320,6 +320,25 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
 
 
 @app.command()
+def stop(
+    name: Annotated[str, typer.Argument(help="Study whose running driver to stop.")],
+    out: OutOpt = Path("results"),
+    now: Annotated[
+        bool, typer.Option("--now", help="Stop the running bundles too (SIGINT to the driver, as Ctrl-C in "
+                           "its terminal; the driver must run on this machine).")
+    ] = False,
+) -> None:
+    """Stop a running study from another terminal: its driver finishes the bundles running
+    now and starts no new one, then exits 3 with its counts and the resume command.
+
+    Committed runs are kept either way; `study resume NAME` finishes the study later. With
+    --now the running bundles stop too (exit 130), as Ctrl-C would."""
+    from study.steer import request_stop
+
+    typer.echo(request_stop(out, name, now))
+
+
+@app.command()
 def sql(
     query: Annotated[str, typer.Argument(
         help="SQL over the views trials, runs, metrics, evals, predictions, evaluations (study eval's "
@@ -543,7 +562,7 @@ MAX_ERROR = 800
 
 WRITES = ("run", "resume", "tune", "eval")
 """Commands that write under --out (the others only read it)."""
-NAMED = ("resume", "status", "analyze", "report", "eval", "check")
+NAMED = ("resume", "stop", "status", "analyze", "report", "eval", "check")
 """Commands whose NAME argument is a study name (one folder under --out)."""
 
 

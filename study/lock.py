@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from trainables.errors import FinelineError, StudyStateError
 
@@ -35,15 +36,23 @@ class StudyLocked(StudyStateError):
     """Another driver holds the study (exit code 2: nothing ran, nothing was written)."""
 
 
+def _details(fd: int) -> dict[str, Any] | None:
+    """The holder's details the lock file holds (pid, host, started, command), or None."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+        return {"pid": int(info["pid"]), "host": str(info["host"]), "started": float(info["started"]),
+                "command": str(info["command"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _holder(fd: int) -> str:
     """The running holder as ``pid P on HOST (since T: COMMAND)``, from the lock file."""
-    try:
-        raw = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-        info = json.loads(raw)
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["started"])))
-        return f"pid {info['pid']} on {info['host']} (since {since}: {info['command']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    info = _details(fd)
+    if info is None:
         return "another process (its details are not written yet)"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["started"])))
+    return f"pid {info['pid']} on {info['host']} (since {since}: {info['command']})"
 
 
 @contextlib.contextmanager
@@ -146,3 +155,21 @@ def killed_holder(out: Path, name: str) -> str | None:
     None while a driver holds the lock, or when the last one ended normally."""
     probe = _probe(out, name)
     return probe[1] if probe is not None and not probe[0] else None
+
+
+def holder_info(out: Path, name: str) -> dict[str, Any] | None:
+    """The details (pid, host, started, command) of the driver holding study ``name``'s lock
+    now, or None when none holds it (or it has not written them yet)."""
+    path = Path(out) / name / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _details(fd)
+        return None
+    finally:
+        os.close(fd)

@@ -46,6 +46,7 @@ from study.preflight import (
     warn_cluster_resources,
 )
 from study.status import record_last_run
+from study.steer import DRAINED_EXIT, StopRequest
 from trainables.errors import ConfigError, StudyIncomplete, WorkerOutOfMemory
 from trainables.plugins import shippable
 from trainables.results import committed
@@ -279,6 +280,7 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
 
     from trainables.rehearsal import (
         check_data_seeded,
+        check_task_data,
         is_builtin,
         needs_rehearsal,
         rehearse,
@@ -304,6 +306,7 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
         task_data = built_data(spec, task, data, key[0])
         if plugin and not is_builtin(type(task)) and key[0] not in seeded:
             seeded.add(key[0])
+            check_task_data(spec, task_data)  # before the seeding check: a NaN differs from itself
             check_data_seeded(spec, task, task_data)
         where = f" (grid point {point.values})" if point.values else ""
         try:
@@ -541,6 +544,7 @@ def _run_locked(
         console.print(f"study {name}: {len(moved.runs)} damaged run(s) moved to {moved.folder}; they run again "
                       f"(study check {name} --out {out} verifies every file)", soft_wrap=True, highlight=False)
     units, planned, already = plan_units(cfg, out, name, device, 1)
+    request = StopRequest(out, name)  # a request left from an earlier run is not for this one
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
         return {"planned": planned, "done": already, "ran": 0, "failed": 0}
@@ -565,13 +569,15 @@ def _run_locked(
                 console.print(f"study {name}: {note}", soft_wrap=True, highlight=False)
             # A local Ray has no autoscaler that pending trials would grow: one trial per slot.
             slots = None if address else concurrent_trials(resources, cfg)
-            failed_units = launch(payloads, cfg, out, name, already, planned, slots)
+            failed_units = launch(payloads, cfg, out, name, already, planned, slots, request)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
             stops.received = signal.SIGINT
     except WorkerOutOfMemory as killed:
         oom = killed
+    finally:
+        request.clear()
     planned, done = committed_counts(cfg, out, name)
     have = committed(out, name) if failed_units else set()
     lost = [
@@ -584,8 +590,9 @@ def _run_locked(
     counts = {"planned": planned, "done": done, "ran": done - already, "failed": failed, "pending": pending}
     interrupted = stops is not None and stops.received is not None
     refused = bool(failed_units) and all(f.refused for f in failed_units)
+    drained = request.seen and not interrupted and oom is None and done < planned
     stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
-        str(oom) if oom is not None else None
+        str(oom) if oom is not None else request.why() if drained else None
     )
     record_last_run(out, name, [u for u in lost if u["seeds"]], stopped)
     if done < planned or interrupted:
@@ -600,10 +607,8 @@ def _run_locked(
         elif failed_units:
             why = why or f"{len(failed_units)} trial(s) failed (errors above)"
             fix = f"fix the cause shown above, then {resume}"
-        raise StudyIncomplete(
-            incomplete_line(name, counts, why or "incomplete", f"{fix}{kept}"),
-            stops.exit_code if interrupted and stops else 1,
-        )
+        code = stops.exit_code if interrupted and stops else DRAINED_EXIT if drained and not failed_units else 1
+        raise StudyIncomplete(incomplete_line(name, counts, why or "incomplete", f"{fix}{kept}"), code)
     return counts
 
 
@@ -616,24 +621,6 @@ def concurrent_trials(resources: dict[str, float], cfg: StudyConfig) -> int:
     return max(1, slots)
 
 
-def newest_first() -> Any:
-    """A FIFO Tune scheduler that starts the newest pending trial first (see :func:`launch`)."""
-    from ray.tune.experiment import Trial
-    from ray.tune.schedulers import FIFOScheduler
-
-    class NewestFirst(FIFOScheduler):
-        """FIFO, but the trial Tune starts next (on a reused actor, when one is free) is the
-        newest pending one, so an older trial waiting for its starting actor keeps it."""
-
-        def choose_trial_to_run(self, tune_controller: Any) -> Any:
-            trials = list(reversed(tune_controller.get_trials()))
-            return next((t for t in trials if t.status == Trial.PENDING), None) or next(
-                (t for t in trials if t.status == Trial.PAUSED), None
-            )
-
-    return NewestFirst()
-
-
 def launch(
     payloads: list[dict[str, Any]],
     cfg: StudyConfig,
@@ -642,13 +629,15 @@ def launch(
     already: int,
     planned: int,
     slots: int | None = None,
+    requested: Callable[[], bool] = lambda: False,
 ) -> list[FailedUnit]:
     """Run the units as Ray Tune trials with reused actors; returns those that failed after
     their retries or were refused, with why (what is committed is read from Parquet, not
     from Tune).
 
     ``slots``: how many trials run at once (a local Ray's CPUs per trial); then Tune holds
-    only that many trials at a time and starts the newest first (:func:`newest_first`).
+    only that many trials at a time and starts the newest pending one first
+    (:func:`study.steer.draining_scheduler`).
     Otherwise a unit shorter than an actor's start (importing Ray, torch and the plugins:
     4-5 core-s) makes Tune start actors it never uses: a finished trial's actor is reused
     by the oldest pending trial, which is the one waiting for a starting actor; that actor
@@ -661,10 +650,14 @@ def launch(
     Tune's default for a class trainable also checkpoints the last): a finished unit has
     committed, so a retry has nothing to resume. A unit of one step then never checkpoints,
     nor makes Tune save the whole experiment state (Tune forces that save after every
-    ``num_to_keep`` checkpoints of a trial, and it grows with the number of trials)."""
+    ``num_to_keep`` checkpoints of a trial, and it grows with the number of trials).
+
+    ``requested``: whether ``study stop`` asked to drain (:class:`study.steer.StopRequest`):
+    then no pending trial starts."""
     from ray import tune
 
     from study.progress import ProgressCallback, progress_bar
+    from study.steer import draining_scheduler, quiet_trial_progress
     from trainables.trainable import FinelineTrainable
 
     ex = cfg.execution
@@ -697,13 +690,13 @@ def launch(
             reuse_actors=True,
             num_samples=len(payloads),
             max_concurrent_trials=slots,
-            scheduler=newest_first() if slots else None,
+            scheduler=draining_scheduler(requested, newest=bool(slots)),
         ),
         run_config=tune.RunConfig(
             name=f"run-{int(time.time())}",
             storage_path=str(storage),
             verbose=0,
-            callbacks=[callback],
+            callbacks=[callback, quiet_trial_progress()],
             failure_config=tune.FailureConfig(max_failures=ex.max_failures),
             checkpoint_config=tune.CheckpointConfig(
                 checkpoint_frequency=0, checkpoint_at_end=False, num_to_keep=1

@@ -35,6 +35,7 @@ import signal
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from study.runner import (
     worker_env,
 )
 from study.status import record_last_run
+from study.steer import DRAINED_EXIT, StopRequest
 from study.tuning_config import (
     SEARCH_IDENTITY,
     Objective,
@@ -301,12 +303,13 @@ def _tune_locked(
         console.print(f"[green]tuning study {name}: {finished}/{n_trials} already finished[/green]")
         _clean_up(out, name, storage_path)  # what a killed driver left (a resume that settled it)
         return {"requested": n_trials, "finished": finished, "ran": 0}
-    if not block.sequential:
+    if not block.sequential and block.sampler == "tpe":  # a random sampler's draws depend on the position only
         console.print("note: concurrent TPE is not bit-reproducible (`tune.sequential: true` is)")
     errors: list[BaseException] = []
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
     failed_before = _failed_numbers(study)
+    request = StopRequest(out, name, "candidates")  # a request left from an earlier run is not for this one
     try:
         with ray_session(address, num_cpus, worker_env(cfg)) as resources:
             from study import runner
@@ -320,16 +323,18 @@ def _tune_locked(
                 from study.tuning_bundles import launch_bundles
 
                 errors = launch_bundles(
-                    cfg, block, template, storage, storage_path, resources, finished, n_trials, batch
+                    cfg, block, template, storage, storage_path, resources, finished, n_trials, batch, request
                 )
             else:
-                errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials)
+                errors = _launch(cfg, block, template, storage, storage_path, resources, finished, n_trials, request)
     except KeyboardInterrupt:
         if stops is None or stops.received is None:
             stops = StopSignals()
             stops.received = signal.SIGINT
     except WorkerOutOfMemory as killed:
         oom = killed
+    finally:
+        request.clear()
     texts = Counter(failure_text(err) for err in errors)  # one line per cause (a refused config refuses all alike)
     one, many = ("candidate", "candidates") if batch == 1 else ("bundle of candidates", "bundles of candidates")
     causes = []
@@ -342,7 +347,10 @@ def _tune_locked(
     # candidates, not trials: a failed bundle (tune.batch) fails each of its candidates
     failed = len(_failed_numbers(after) - failed_before)
     interrupted = stops is not None and stops.received is not None
-    stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else None
+    drained = request.seen and not interrupted and oom is None and done < n_trials
+    stopped = f"interrupted by {stops.received.name}" if interrupted and stops and stops.received else (
+        request.why() if drained else None
+    )
     record_last_run(out, name, causes, stopped or (str(oom) if oom is not None else None))  # for `study status`
     if errors or done < n_trials or interrupted:
         where = f" --address {address}" if address else ""
@@ -363,7 +371,7 @@ def _tune_locked(
             f"tuning study {name}: {done}/{n_trials} candidates finished, {failed} failed, "
             f"{pending} pending ({why}; {seeds} seed runs committed). "
             f"Fix: {fix}",
-            stops.exit_code if interrupted and stops is not None else 1,
+            stops.exit_code if interrupted and stops is not None else DRAINED_EXIT if drained and not errors else 1,
         )
     _clean_up(out, name, storage_path)
     return {"requested": n_trials, "finished": done, "ran": n_trials - finished}
@@ -415,16 +423,19 @@ def _launch(
     resources: dict[str, float],
     finished: int,
     n_trials: int,
+    requested: Callable[[], bool],
 ) -> list[BaseException]:
-    """Run ``n_trials - finished`` candidates on the connected Ray; returns their errors."""
+    """Run ``n_trials - finished`` candidates on the connected Ray; returns their errors.
+    ``requested``: whether ``study stop`` asked to drain (:func:`study.steer.draining_limiter`)."""
     from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
+
+    from study.steer import draining_limiter
 
     ex = cfg.execution
     workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
     search_cls, log_cls = ray_classes()
     searcher = search_cls(block, template, storage)
-    search = ConcurrencyLimiter(searcher, max_concurrent=1 if block.sequential else workers)
+    search = draining_limiter(searcher, 1 if block.sequential else workers, requested)
     scheduler = pruning_scheduler(searcher) if block.pruner != "none" else None
     trainable, run_config, failed = tune_parts(
         cfg, storage_path, [log_cls(n_trials, finished, list(template["space_keys"]))]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,19 +235,23 @@ def launch_bundles(
     finished: int,
     n_trials: int,
     batch: int,
+    requested: Callable[[], bool] = lambda: False,
 ) -> list[BaseException]:
     """Run ``n_trials - finished`` candidates, ``batch`` per bundle, on the connected Ray;
-    returns the bundles' errors."""
+    returns the bundles' errors. ``requested``: whether ``study stop`` asked to drain (no new
+    bundle is asked for then: :func:`study.steer.draining_limiter`)."""
     from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
+
+    from study.steer import draining_limiter
 
     ex = cfg.execution
     workers = max(1, int(resources.get("CPU", 1) // ex.cpus_per_trial))
     to_run = n_trials - finished
     template = {**template, "each_round": block.pruner != "none"}
-    search = ConcurrencyLimiter(
+    search = draining_limiter(
         bundle_search_class()(block, template, storage, batch, to_run, n_trials, finished),
-        max_concurrent=1 if block.sequential else workers,
+        1 if block.sequential else workers,
+        requested,
     )
     trainable, run_config, failed = tune_parts(cfg, storage_path)
     tuner = tune.Tuner(
