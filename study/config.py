@@ -310,15 +310,12 @@ def _short(value: Any, width: int = 60) -> str:
 def check_registers(names: Sequence[str], modules: Sequence[ModuleType]) -> None:
     """Each ``plugins:`` module registers a task or a model (ConfigError on ``plugins``): one
     that registers nothing is a wrong name (``plugins: [os]`` imported the standard library's
-    ``os`` without a word) or a module whose ``@TASKS.register`` is missing. A class counts
-    for a module when it lives in it (or in a module of its package), or registered while
-    the module was being imported."""
-    from trainables.registry import MODELS, TASKS
+    ``os`` without a word) or a module whose ``@TASKS.register`` is missing
+    (:func:`trainables.registry.registers`)."""
+    from trainables.registry import registers
 
-    owners = [(e.cls.__module__, e.origin.module if e.origin else "") for e in TASKS.entries()]
-    owners += [(e.cls.__module__, e.origin.module if e.origin else "") for e in MODELS.entries()]
     for name, module in zip(names, modules, strict=True):
-        if any(home == name or home.startswith(name + ".") or origin == name for home, origin in owners):
+        if registers(name):
             continue
         path = getattr(module, "__file__", None)
         raise ConfigError(

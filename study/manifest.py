@@ -216,7 +216,7 @@ def prepare(
         raise StudyStateError(
             f"study {name!r} in {out} was created with a different config "
             f"(hash {old.get('config_hash')} != {cfg.identity_hash}); changed: "
-            f"{config_diff(old.get('config') or {}, cfg.raw)}. Fix: give a new name with "
+            f"{config_diff(old.get('config') or {}, cfg.raw) or resolved_diff(out, name, old, cfg)}. Fix: give a new name with "
             f"--name to start a separate study, or restore the original config (file and "
             f"overrides; `study resume {name}` reruns the recorded one) to resume it."
         )
@@ -289,8 +289,9 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = DIFF_LINES) -> str:
     """What changed between two raw study configs: ``train.lr 0.125 -> 0.5; ...`` (dotted
-    keys, old -> new, ``(unset)`` for a missing key), at most ``limit`` keys then a count.
-    Keys that never change the identity (:data:`NOT_IDENTITY`, seed counts) are left out."""
+    keys, old -> new, ``(unset)`` for a missing key), at most ``limit`` keys then a count, or
+    "" when the raw configs agree. Keys that never change the identity (:data:`NOT_IDENTITY`,
+    seed counts) are left out."""
     a, b = flatten(old), flatten(new)
     keys = [
         k for k in sorted(set(a) | set(b))
@@ -298,14 +299,37 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = DIFF_LINE
         and k.split(".")[0] not in NOT_IDENTITY and not (k == "seeds.count" or k.endswith(".seeds.count"))
     ]
     if not keys:
-        return ("nothing in the study file or overrides, but they resolve to a different config "
-                "(a default of fineline or of a plugin changed?)")
+        return ""
     shown = [f"{k} {_value(a.get(k, _UNSET))} -> {_value(b.get(k, _UNSET))}" for k in keys[:limit]]
     more = f"; ... and {len(keys) - limit} more" if len(keys) > limit else ""
     return "; ".join(shown) + more
 
 
 _UNSET = object()
+
+
+def resolved_diff(out: Path, name: str, old: dict[str, Any], cfg: StudyConfig) -> str:
+    """What changed when the study file and overrides did not: the resolved config of each
+    grid point (defaults filled in) against what its committed runs recorded (``trials``'
+    ``config_json``), e.g. a field a plugin added with a default."""
+    from trainables.results import read_rows
+
+    recorded: dict[str, dict[str, Any]] = {}
+    for r in read_rows(out, name, "trials", ["trial_id", "config_json"]):
+        if r["trial_id"] and r["config_json"]:
+            recorded.setdefault(str(r["trial_id"]), json.loads(r["config_json"]))
+    before = [recorded.get(str(p.get("trial_id"))) for p in old.get("points", [])]
+    for was, point in zip(before, cfg.points, strict=False):
+        if was is None:
+            continue
+        now = json.loads(json.dumps(point.spec.to_dict(), default=str))
+        diff = config_diff({k: v for k, v in was.items() if k != "seeds"}, now)
+        if diff:
+            return (f"nothing in the study file or overrides, but the resolved config moved: {diff} (a default "
+                    "of fineline or of a plugin changed: a plugin's new field keeps old studies' ids when "
+                    "declared with added_field(default, identity_default=...), docs/plugins.md section 6)")
+    return ("nothing in the study file or overrides, but they resolve to a different config "
+            "(a default of fineline or of a plugin changed?)")
 
 
 def _value(v: Any, width: int = 40) -> str:

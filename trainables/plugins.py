@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from trainables.errors import FinelineError
 
@@ -150,16 +151,36 @@ class _Loader:
                 self.import_module(ep.value.split(":")[0], origin, fix)
                 continue
             try:  # another package's plugin: a broken one must not stop studies that do not use it
-                self.import_module(ep.value.split(":")[0], origin, fix)
+                module = self.import_module(ep.value.split(":")[0], origin, fix)
             except NameClash:
                 raise
             except PluginError as exc:  # what it registered before failing is hidden (Registry)
                 text = str(exc) if uninstall in str(exc) else f"{exc}; or {uninstall}"
                 self.broken[str(origin)] = text
                 log.warning("warning: %s (its tasks and models are unavailable)", text)
+                continue
+            if problem := _entry_point_problem(ep.value, module):
+                log.warning("warning: %s names %r, but %s. Fix: point it at the module that registers "
+                            "them (pyproject.toml [project.entry-points.\"%s\"]), then reinstall %s",
+                            origin.how, ep.value, problem, GROUP, label)
 
 
 LOADER = _Loader()
+
+
+def _entry_point_problem(value: str, module: ModuleType) -> str | None:
+    """What is wrong with an installed entry point whose module imported: the object after
+    ``:`` is missing, or nothing from the module registered a task or model (a wrong module
+    name imports without a word, then "unknown task" says the package must be installed)."""
+    from trainables.registry import registers
+
+    name, _, attr = value.partition(":")
+    obj: Any = module
+    for part in filter(None, attr.split(".")):
+        if not hasattr(obj, part):
+            return f"{name} has no {attr!r}"
+        obj = getattr(obj, part)
+    return None if registers(name) else f"{name} registers no task or model"
 
 
 def _dist(ep: md.EntryPoint) -> str:

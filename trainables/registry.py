@@ -178,3 +178,10 @@ MODELS: Registry[Model] = Registry(
     "model", "model.name", ("name", "Config", "data_kind", "reductions"), "trainables.models.base:Model"
 )
 
+
+
+def registers(module: str) -> bool:
+    """Whether a task or model is registered from ``module``: its class lives in it (or in a
+    module of its package), or it registered while ``module`` was being imported."""
+    owners = [(e.cls.__module__, e.origin.module if e.origin else "") for r in (TASKS, MODELS) for e in r.entries()]
+    return any(home == module or home.startswith(module + ".") or by == module for home, by in owners)

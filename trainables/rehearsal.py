@@ -7,8 +7,9 @@ runs and stores results that are wrong. :func:`rehearse` runs each pair once on 
 examples first, the same code path a trial takes, so such a mistake is one error naming
 the pair, the stage, the exception and the plugin's own line:
 
-1. the task's data (built once per task config by the caller), its labels inside
-   ``0 .. n_classes - 1`` where a classification task's ``meta`` declares ``n_classes``;
+1. the task's data (built once per task config by the caller) well formed
+   (:func:`check_task_data`: lengths, finite values, whole-number labels inside ``0 ..
+   n_classes - 1`` where a classification task's ``meta`` declares ``n_classes``);
 2. a bundle of two seeds on the first :data:`ROWS` examples of every split: one optimizer
    step, one evaluation round, then every split scored (:meth:`BundleRun.finalize`);
 3. every metric it produced declared (``Task.metrics``, ``Model.metric_names``);
@@ -173,6 +174,60 @@ def seed_bytes(spec: RunSpec, meta: dict[str, Any]) -> tuple[int, int]:
     return params, param_bytes * (3 + states) + buffer_bytes * 2
 
 
+def check_task_data(spec: RunSpec, data: TaskData) -> None:
+    """A plugin task's data is well formed, each mistake one error naming the split: inputs,
+    labels and ids of one length (a ``classify`` split, ``Arrays``); every float value finite
+    (a NaN or inf would train as NaN and stop no run: one NaN also made two builds of the same
+    data differ, blamed on seeding); ``classify`` labels whole numbers (a float label of 0.5
+    was cast to class 0 without a word) inside ``0 .. meta['n_classes'] - 1``."""
+    for name, split in data.splits.items():
+        d = split.data
+        if isinstance(d, Arrays):
+            lengths = {"inputs x": len(d.x), "labels y": len(d.y), "ids": len(d.ids)}
+            if len(set(lengths.values())) > 1:
+                raise ConfigError(
+                    "task", f"task {spec.task_name!r}: split {name!r} has "
+                    + ", ".join(f"{n} {what}" for what, n in lengths.items()),
+                    "give every example one input, one label and one id (Arrays(x, y, ids) of one length)",
+                )
+            _check_finite(spec, name, "inputs x", d.x)
+            _check_finite(spec, name, "labels y", d.y)
+        else:  # sequences: one array per example
+            for f in ("src", "tgt", "x", "y"):
+                seqs = getattr(d, f, None)
+                if seqs and np.asarray(seqs[0]).dtype.kind in "fc":
+                    finite = np.array([np.isfinite(a).all() for a in seqs])
+                    if not finite.all():
+                        _not_finite(spec, name, f, np.flatnonzero(~finite), len(seqs))
+        if isinstance(d, Arrays) and d.y.dtype.kind == "f" and len(d.y) and not np.array_equal(d.y, np.round(d.y)):
+            frac = np.unique(d.y[d.y != np.round(d.y)])
+            raise ConfigError(
+                "task", f"task {spec.task_name!r}: split {name!r} has labels y that are not whole numbers "
+                f"({frac[:5].tolist()}): a classify task's labels are class indices",
+                "build y as int64 class indices 0..n_classes-1 (a regression target needs a model and "
+                "metrics of its own)",
+            )
+    check_labels(spec, data)
+
+
+def _check_finite(spec: RunSpec, split: str, what: str, values: np.ndarray) -> None:
+    """Every value of a float array (one row per example) finite, else :func:`_not_finite`."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        _not_finite(spec, split, what, np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)), len(arr))
+
+
+def _not_finite(spec: RunSpec, split: str, what: str, rows: np.ndarray, n: int) -> None:
+    """One error naming the split, what holds a NaN or inf, and the first examples that do."""
+    more = ", ..." if rows.size > 5 else ""
+    raise ConfigError(
+        "task", f"task {spec.task_name!r}: split {split!r} has NaN or infinite {what} (examples "
+        f"{rows[:5].tolist()}{more} of {n})",
+        "fix the task's build() so every value is finite (give a missing value a number, or leave "
+        "the example out)",
+    )
+
+
 def check_labels(spec: RunSpec, data: TaskData) -> None:
     """A classification task's labels lie in ``0 .. meta['n_classes'] - 1``."""
     n = data.meta.get("n_classes")
@@ -192,8 +247,9 @@ def check_labels(spec: RunSpec, data: TaskData) -> None:
 
 
 def check_data_seeded(spec: RunSpec, task: Task, data: TaskData) -> None:
-    """A plugin task's ``build(0)`` gives the same data again (``data`` is the first build):
-    a task that draws from an unseeded generator would give every trial other data."""
+    """A plugin task's ``build(0)`` gives the same data again (``data`` is the first build,
+    checked by :func:`check_task_data`): a task that draws from an unseeded generator would
+    give every trial other data."""
     with blame(spec, "building the task's data again (data seed 0)", "task"):
         again = task.build(0)
     for name, split in data.splits.items():
@@ -227,7 +283,7 @@ def _same_data(a: Any, b: Any) -> bool:
 def rehearse(spec: RunSpec, task: Task, data: TaskData) -> None:
     """Run ``spec`` (a plugin pair) on the first :data:`ROWS` examples of ``data`` (the task's
     data for data seed 0), twice; see the module doc. Raises one ConfigError on a mistake."""
-    check_labels(spec, data)
+    check_task_data(spec, data)
     small = TaskData(
         splits={n: Split(n, s.role, head(s.data, ROWS)) for n, s in data.splits.items()}, meta=data.meta
     )

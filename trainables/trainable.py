@@ -87,6 +87,8 @@ class FinelineTrainable(tune.Trainable):
 
     def _start(self, config: dict[str, Any]) -> None:
         self.cleanup()  # a reused actor: the previous unit's tracker runs end (e.g. ASHA stopped it)
+        if "template" in config:  # a candidate's config names the study's own tasks and models
+            import_study_plugins(config["template"].get("plugins", []))
         if "candidates" in config:  # several tuning candidates x their seeds (tune.batch)
             self.unit = bundle_from_template(config["template"], config["candidates"])
         elif "template" in config:  # a tuning candidate: params sampled by Optuna
@@ -420,15 +422,21 @@ class FinelineTrainable(tune.Trainable):
         return True
 
 
-def worker_spec(unit: dict[str, Any]) -> RunSpec:
-    """The unit's RunSpec, after importing the study's plugins here (every worker, every node).
-
-    A task or model the driver had but this node lacks is named with the fix."""
+def import_study_plugins(plugins: list[str]) -> None:
+    """Import the study file's ``plugins:`` modules here (every worker, every node), before
+    anything resolves a task or model name (a tuning candidate's config, a unit's spec)."""
     fix = (
         "it was shipped with the job unless execution.ship_plugins is false: then put it on "
         "every node's PYTHONPATH, or pip install its package on every node (docs/plugins.md)"
     )
-    import_modules(unit.get("plugins", []), None, f"the study, on node {socket.gethostname()}", fix)
+    import_modules(plugins, None, f"the study, on node {socket.gethostname()}", fix)
+
+
+def worker_spec(unit: dict[str, Any]) -> RunSpec:
+    """The unit's RunSpec, after importing the study's plugins here (every worker, every node).
+
+    A task or model the driver had but this node lacks is named with the fix."""
+    import_study_plugins(unit.get("plugins", []))
     try:
         return RunSpec.from_dict(unit["spec"])
     except ConfigError as exc:

@@ -111,6 +111,19 @@ def test_a_tuning_objective_on_an_unknown_split_is_refused_before_ray(folders: t
     assert line.startswith("error: tune.objective.split: ") and "val_ood" in line, line
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_search_over_a_study_files_plugin_trains_its_candidates(folders: tuple[Path, Path], batch: int) -> None:
+    """Before: every candidate of `study tune` failed on its worker with "unknown task 'blobs'"
+    (exit 1): the worker resolved the candidate's config before importing the study's plugins."""
+    home, cwd = folders
+    tune = {"objective": {"split": "val_ood", "metric": "accuracy"}, "trials": 2, "seeds_per_candidate": 1,
+            "batch": batch, "space": {"train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}}
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, tune=tune)))
+    res = study(cwd, "tune", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
+    assert res.returncode == 0, res.stderr
+    assert "unknown task" not in res.stderr and res.stderr.count("-> objective") == 2, res.stderr
+
+
 def test_a_tuning_objective_metric_the_pair_does_not_score_is_refused_before_ray(
     folders: tuple[Path, Path],
 ) -> None:
@@ -233,14 +246,15 @@ HALF_LOADED = (
 """Registers a model, then fails to import: what it registered must not be used."""
 
 
-def broken_installed_plugin(root: Path, source: str = HALF_LOADED) -> dict[str, str]:
+def broken_installed_plugin(root: Path, source: str = HALF_LOADED, value: str = "broken_plugin") -> dict[str, str]:
     """A distribution ``broken-plugin 1.0`` on ``PYTHONPATH`` (a dist-info folder, as pip
-    writes it, found by importlib.metadata) whose entry point module is ``source``."""
+    writes it, found by importlib.metadata) whose module ``broken_plugin`` is ``source`` and
+    whose entry point's value is ``value``."""
     site = root / "site"
     info = site / "broken_plugin-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[fineline.plugins]\nbroken = broken_plugin\n")
+    (info / "entry_points.txt").write_text(f"[fineline.plugins]\nbroken = {value}\n")
     (site / "broken_plugin.py").write_text(source)
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
 
@@ -272,6 +286,45 @@ def test_a_broken_installed_plugin_is_a_warning_for_studies_that_do_not_use_it(
     ok = study(cwd, "run", str(home / "study.yaml"), "model.name=mlp", "seeds.count=1", "--out",
                str(cwd / "results"), "--num-cpus", "1")
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("json", "json registers no task or model"),  # the wrong module: it imports without a word
+    ("broken_plugin:register_all", "broken_plugin has no 'register_all'"),
+])
+def test_an_entry_point_at_the_wrong_module_or_object_is_warned_about(
+    folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    """Before: an installed entry point naming a module that registers nothing (or an object
+    that does not exist) was silent; a study naming its task was then told to install the
+    package, which it was."""
+    _, cwd = folders
+    source = "from trainables.models.mlp import MLP\nfrom trainables.registry import MODELS\n\n" \
+             "@MODELS.register\nclass Mine(MLP):\n    name = 'mine_mlp'\n"
+    for key, env in broken_installed_plugin(cwd.parent, source, value).items():
+        monkeypatch.setenv(key, env)
+    listed = study(cwd, "plugins", "--format", "csv")
+    assert listed.returncode == 0, listed.stderr
+    (warning,) = [ln for ln in listed.stderr.splitlines() if ln.strip()]
+    assert warning.startswith(f"warning: entry point 'broken' of broken-plugin 1.0 names '{value}', but {problem}. "
+                              "Fix: point it at the module that registers them"), warning
+
+
+def test_a_field_a_plugin_added_is_named_when_it_moves_the_config(folders: tuple[Path, Path]) -> None:
+    """Before: growing a study after its plugin gained a config field (plainly declared) was
+    refused with "changed: nothing ... (a default of fineline or of a plugin changed?)"."""
+    home, cwd = folders
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, seeds={"count": 1})))
+    out = cwd / "results"
+    first = study(cwd, "run", str(home / "study.yaml"), "--out", str(out), "--num-cpus", "1")
+    assert first.returncode == 0, first.stderr
+    plugin = home / "blobs_task.py"
+    plugin.write_text(plugin.read_text().replace(
+        '    rendezvous: str | None = None\n', '    spread: float = 0.7\n    """Noise."""\n    rendezvous: str | None = None\n'))
+    again = study(cwd, "run", str(home / "study.yaml"), "seeds.count=2", "--out", str(out))
+    assert again.returncode == 2, again.stderr
+    line = again.stderr.strip().splitlines()[-1]
+    assert "the resolved config moved: task.spread (unset) -> 0.7" in line and "added_field" in line, line
 
 
 def test_changed_plugin_code_is_recorded_per_trial_and_warned_about(folders: tuple[Path, Path]) -> None:

@@ -100,6 +100,28 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
         {"task": {"name": "unseeded", "n": 64}},
         "error: task: task 'unseeded': two builds with data seed 0 give different data (split 'train')",
     ),
+    "a NaN input": (  # was blamed on seeding: NaN != NaN made two builds "differ"
+        "@TASKS.register\nclass NanInputs(Blobs):\n    name = 'nan_inputs'\n"
+        "    def build(self, data_seed):\n        data = super().build(data_seed)\n"
+        "        data.splits['val'].data.x[3, 0] = np.nan\n        return data\n",
+        {"task": {"name": "nan_inputs", "n": 64}},
+        "error: task: task 'nan_inputs': split 'val' has NaN or infinite inputs x (examples [3] of 64)",
+    ),
+    "one label short": (  # each split lost an example, runs committed ok
+        "@TASKS.register\nclass Short(Blobs):\n    name = 'short_labels'\n"
+        "    def build(self, data_seed):\n        data = super().build(data_seed)\n"
+        "        d = data.splits['test'].data\n        d.y = d.y[:-1]\n        return data\n",
+        {"task": {"name": "short_labels", "n": 64}},
+        "error: task: task 'short_labels': split 'test' has 64 inputs x, 63 labels y, 64 ids",
+    ),
+    "fractional labels": (  # 0.5 was trained and reported as class 0
+        "@TASKS.register\nclass Halves(Blobs):\n    name = 'halves'\n"
+        "    def build(self, data_seed):\n        data = super().build(data_seed)\n"
+        "        d = data.splits['train'].data\n        d.y = d.y.astype(np.float32)\n        d.y[0] = 0.5\n"
+        "        return data\n",
+        {"task": {"name": "halves", "n": 64}},
+        "error: task: task 'halves': split 'train' has labels y that are not whole numbers ([0.5])",
+    ),
     "a build that cannot find its file": (
         "@TASKS.register\nclass Reads(Blobs):\n    name = 'reads'\n"
         "    def build(self, data_seed):\n        open('/nonexistent/blobs.csv')\n",

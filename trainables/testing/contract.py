@@ -286,6 +286,16 @@ def contract_suite(
             return tiny_spec(task_cls, model_cls, root, **train_cfg)
 
         @param
+        def test_task_data_is_well_formed(self, task_cls: type[Task], model_cls: type[Model]) -> None:
+            """Lengths, finite values, labels (the checks a study makes before Ray starts);
+            a failure names the split and what is wrong (e.g. NaN inputs), where the other
+            tests would fail on its consequences."""
+            from trainables.rehearsal import check_task_data
+
+            spec = self.spec(task_cls, model_cls)
+            check_task_data(spec, spec.make_task().build(derive_seedset(11, 0).data_seed))
+
+        @param
         def test_declared_metrics_and_reductions_are_what_runs_give(
             self, task_cls: type[Task], model_cls: type[Model]
         ) -> None:
