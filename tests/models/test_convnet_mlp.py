@@ -273,6 +273,25 @@ def test_categorical_hinge_by_hand():
     assert classify_losses(logits, y, "hinge").tolist() == [[0.0, 2.0, 4.0, 0.0]]
 
 
+def test_keras_categorical_hinge_by_hand_and_against_its_formula():
+    """Keras's categorical_hinge: pos = sum(onehot * z), neg = max((1 - onehot) * z),
+    max(0, neg - pos + 1). Its neg is never below 0 (the true class's place holds 0), so it
+    differs from ``hinge`` where every wrong-class logit is negative."""
+    logits = torch.tensor([[[0.5, -1.0, -2.0], [2.0, 1.0, -1.0], [-3.0, -0.5, -0.2]]])  # (1, 3, 3)
+    y = torch.tensor([[0, 1, 0]])
+    # row 0: wrong all negative: hinge 1 - 1 - 0.5 -> 0 (clamped), Keras 1 + 0 - 0.5 = 0.5
+    # row 1: a wrong logit >= 0: both 1 + 2 - 1 = 2; row 2: Keras 1 + 0 + 3 = 4, hinge 1 - 0.2 + 3 = 3.8
+    got = classify_losses(logits, y, "categorical_hinge")
+    assert torch.allclose(got, torch.tensor([[0.5, 2.0, 4.0]]))
+    assert torch.allclose(classify_losses(logits, y, "hinge"), torch.tensor([[0.0, 2.0, 3.8]]))
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(2, 64, 10)).astype(np.float32)
+    labels = rng.integers(0, 10, size=(2, 64))
+    onehot = np.eye(10, dtype=np.float32)[labels]
+    keras = np.maximum(0.0, ((1 - onehot) * z).max(-1) - (onehot * z).sum(-1) + 1)
+    assert np.allclose(classify_losses(torch.from_numpy(z), torch.from_numpy(labels), "categorical_hinge").numpy(), keras)
+
+
 def test_convnet_rejects_vector_inputs():
     with pytest.raises(ConfigError, match=r"model\.name"):
         ConvNet(ConvNetConfig(), {"input_shape": (2,), "n_classes": 2}, 1)

@@ -25,7 +25,7 @@ PINNED = {
     "grokking_gpu": ["0163a0587efe8be2", "15f16968e3a69d84", "643907bf0740331b", "3cad894cbc31b179",
                      "07327d621631af66", "473cde2c84793038", "e04b0a0cf20dd481", "416a5779ec64db85",
                      "3d13ad28158bc116", "c49679e6cf60b406", "a6f747dbf6ede170", "b46dc09e07001943"],
-    "li2021_mnist": ["7d4861def970fb0d", "6619ecb7a69f6e16"],  # 13cda084..., b45cdede... before init: keras
+    "li2021_mnist": ["80acb374a5d64eed", "5ee6bb29f41bf4cd"],  # 7d4861de..., 6619ecb7... before Keras's hinge, Adam epsilon and fixed data stream; 13cda084..., b45cdede... before init: keras
     "li2021_scan": ["761dfe18b6640d23", "60faff2c4dd7ca47"],  # 0e55d077..., 3805a73e... on impl: reference, before the fast path's input feeding; 3f5ea4b5..., 68c50f47... before the end-of-input token and 7 output classes; 59f55847..., f2348b3a... before init: tf, 8-dim targets; 513686de..., 8e6f2631... before input feeding, no tanh, sum / batch; 2f4d265b..., 29cfe1ff... before batches drawn with replacement
     "li2021_toy": ["2d2bcc41e9c45a94"],  # 13e03d858b7a2505 before Playground's training; d7d4864107d7926f before its fixed data order
     "quickstart": ["b38ef157b3f8acb0"],  # bef8b71cc8cc0099 before the end symbol
@@ -34,8 +34,8 @@ PINNED = {
     "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
-    "weber2018": ["d2f1484e3fd46ece"],  # 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
-    "weber2018_tune": ["d2f1484e3fd46ece"],  # 769e99719d5418a3 before input feeding and sum / sentences
+    "weber2018": ["3c697e4267fb38e9"],  # d2f1484e3fd46ece before stopping on val_ood and OpenNMT-py's lr decay; 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
+    "weber2018_tune": ["3c697e4267fb38e9"],  # d2f1484e3fd46ece before stopping on val_ood and OpenNMT-py's lr decay; 769e99719d5418a3 before input feeding and sum / sentences
     "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
                    "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
     "zhou2023_hints_gpu": ["63ddccf2471de4b3", "6ddfcfd5084ba099"],
@@ -52,7 +52,9 @@ budget in sutskever2014, Keras's init in li2021_mnist, TF's init and the 8-dim t
 embedding in li2021_scan and then its TensorFlow 1 attention wrapper (input feeding, no tanh)
 and loss (sum / batch) and then its batches drawn with replacement and then its end-of-input
 token and 7 output classes and then its move to the fast path's bundled input feeding, Suzgun et al.'s very-long sampler in elnaggar2022 and then its final-epoch weights and the authors' checkpoint epochs, TensorFlow
-Playground's training in li2021_toy and then its fixed data order); the comments keep their
+Playground's training in li2021_toy and then its fixed data order, and at stop 48 the
+uncharacteristic stopping split and OpenNMT-py's lr decay in weber2018 and its tuning study,
+Keras's hinge, Adam epsilon and one data stream in li2021_mnist); the comments keep their
 earlier ids. Every other change must keep them."""
 
 

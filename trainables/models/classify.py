@@ -31,7 +31,7 @@ from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise, Model
 
 Init = Literal["torch", "keras", "playground"]
-LossName = Literal["cross_entropy", "hinge", "square"]
+LossName = Literal["cross_entropy", "hinge", "categorical_hinge", "square"]
 Activation = Literal["relu", "tanh"]
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
 REDUCTIONS = ("mean", "sum")
@@ -74,10 +74,12 @@ def make_classify_batch(
 def classify_losses(logits: torch.Tensor, y: torch.Tensor, loss: LossName) -> torch.Tensor:
     """Per-example losses (K, B) from logits (K, B, C) and labels (K, B).
 
-    ``hinge`` is the categorical hinge ``max(0, 1 + max_{j != y} z_j - z_y)``. (Keras's
-    ``categorical_hinge`` takes its max over ``(1 - onehot) * z``, i.e. also over a 0 in
-    the true class's place; the two agree whenever some wrong-class logit is >= 0, and
-    always on softmax outputs.)
+    ``hinge`` is the categorical hinge ``max(0, 1 + max_{j != y} z_j - z_y)``.
+    ``categorical_hinge`` is Keras's (``keras.losses.categorical_hinge``: ``neg = max((1 -
+    onehot) * z)``, ``max(0, neg - pos + 1)``): its max also runs over the 0 that
+    ``(1 - onehot) * z`` puts in the true class's place, i.e. ``max(0, 1 + max(0, max_{j != y}
+    z_j) - z_y)``. The two differ only when every wrong-class logit is negative (never on
+    softmax outputs); Li et al.'s Keras code trains its logits with Keras's.
 
     ``square`` (binary tasks only) is TensorFlow Playground's ``Errors.SQUARE``,
     ``0.5 (o - t)^2``, of the output ``o = tanh((z1 - z0) / 2)`` (= ``p1 - p0``, in (-1, 1);
@@ -97,8 +99,10 @@ def classify_losses(logits: torch.Tensor, y: torch.Tensor, loss: LossName) -> to
         out = torch.tanh((logits[..., 1] - logits[..., 0]) / 2)  # (K, B)
         return 0.5 * (out - (2.0 * y - 1.0)) ** 2  # (K, B)
     true = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # (K, B)
-    wrong = logits.masked_fill(F.one_hot(y, logits.shape[-1]).bool(), float("-inf"))
-    return torch.clamp(1.0 + wrong.amax(-1) - true, min=0.0)  # (K, B)
+    wrong = logits.masked_fill(F.one_hot(y, logits.shape[-1]).bool(), float("-inf")).amax(-1)  # (K, B)
+    if loss == "categorical_hinge":
+        wrong = torch.clamp(wrong, min=0.0)  # Keras's max over (1 - onehot) * z includes a 0
+    return torch.clamp(1.0 + wrong - true, min=0.0)  # (K, B)
 
 
 def reduce_losses(example_losses: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -192,7 +196,8 @@ class ClassifierConfig(FrozenConfig):
     U(+-1/sqrt(fan_in))); "keras": glorot-uniform weights and zero biases (Keras's default);
     "playground": TensorFlow Playground's, weights U(-0.5, 0.5) and biases 0.1."""
     loss: LossName = "cross_entropy"
-    """Training loss: "cross_entropy", "hinge" (categorical hinge on the logits) or "square"
+    """Training loss: "cross_entropy", "hinge" (categorical hinge on the logits),
+    "categorical_hinge" (Keras's, :func:`classify_losses`) or "square"
     (binary tasks: TensorFlow Playground's 0.5 (o - t)^2 of the tanh output o = p1 - p0 against
     t = -1/+1)."""
 

@@ -93,7 +93,8 @@ class ConvNetConfig(ClassifierConfig):
     hidden: tuple[int, ...] = (64, 64)
     """Dense hidden layer sizes after the flatten, each followed by ReLU."""
     loss: LossName = "hinge"
-    """Training loss: "hinge" (categorical hinge on the logits, the paper's) or "cross_entropy"."""
+    """Training loss: "hinge" (categorical hinge on the logits), "categorical_hinge" (Keras's, which
+    the paper's code uses: :func:`~trainables.models.classify.classify_losses`) or "cross_entropy"."""
     conv_impl: Literal["loop", "grouped"] = "loop"
     """Bundle convolutions: "loop" (one conv per member, bit-identical to lone runs) or
     "grouped" (one grouped conv; fewer GPU kernel launches, gradients equal only to ~1e-8

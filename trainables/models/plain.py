@@ -355,7 +355,8 @@ class PlainClassifierConfig(FrozenConfig):
     """Fields every plain classifier has."""
 
     loss: LossName = "cross_entropy"
-    """Training loss: "cross_entropy" or "hinge" (categorical hinge on the logits)."""
+    """Training loss: "cross_entropy", "hinge" (categorical hinge on the logits) or
+    "categorical_hinge" (Keras's; :func:`~trainables.models.classify.classify_losses`)."""
 
 
 class PlainClassifier(PlainModel, BundledClassifier):  # type: ignore[misc]
