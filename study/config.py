@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Annotated, Any, Literal
 
@@ -334,12 +334,15 @@ def _plugins(value: Any) -> tuple[str, ...]:
         raise ConfigError("plugins", f"must be a list of module names, got {value!r}",
                           "write e.g. `plugins: [my_task, mypkg.models]`")
     for v in value:
-        if v.endswith(".py"):
-            raise ConfigError("plugins", f"{v!r} is a file name, not a module name",
-                              f"write the module's name without .py: `plugins: [{v.removesuffix('.py')}]`")
-        if not MODULE_RE.match(v):
-            raise ConfigError("plugins", f"{v!r} is not a module name",
-                              "give importable module names (no paths, no .py): e.g. `my_task`")
+        if MODULE_RE.match(v) and not v.endswith(".py"):
+            continue
+        name = ".".join(p for p in PurePosixPath(v.removesuffix(".py")).parts if p != ".")
+        where = "" if name == v.removesuffix(".py") else " (a module is looked up beside the study file, then on PYTHONPATH)"
+        fix = (f"write the module's name{' without .py' if v.endswith('.py') else ''}: `plugins: [{name}]`{where}"
+               if MODULE_RE.match(name) else "give importable module names (no paths, no .py): e.g. `my_task`, "
+               "with its file beside the study file or on PYTHONPATH")
+        raise ConfigError("plugins", f"{v!r} is {'a file name' if v.endswith('.py') else 'a path'}, not a module name"
+                          if name != v else f"{v!r} is not a module name", fix)
     if len(set(value)) != len(value):
         raise ConfigError("plugins", "lists a module twice", "list each module once")
     return tuple(value)

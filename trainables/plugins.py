@@ -113,7 +113,9 @@ class _Loader:
                     f"script code under `if __name__ == \"__main__\":`; or {found_fix or fix}"
                 ) from None
             except Exception as exc:
-                where = _last_frame(exc, name)
+                # a SyntaxError's traceback ends in importlib: its own filename and line are the place
+                where = (f" (at {exc.filename}:{exc.lineno})" if isinstance(exc, SyntaxError) and exc.filename
+                         else _last_frame(exc, name))
                 absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
                 if absent and (name == absent or name.startswith(absent + ".")):
                     advice = fix

@@ -145,6 +145,8 @@ def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path])
     [
         (None, "plugin blobs_task (plugins: of"),  # the module is not there
         ("import numpy\nraise_here = undefined_name\n", "NameError: name 'undefined_name' is not defined"),
+        # the plugin's own file and line (it used to say importlib/__init__.py)
+        ("x = 1\ndef broken(:\n", "SyntaxError: invalid syntax (blobs_task.py, line 2) (at {home}/blobs_task.py:2)"),
         ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
          "@TASKS.register\nclass Mine(Toy2D):\n    pass\n",
          "task 'toy2d' is registered twice: by trainables.tasks.toy2d.Toy2D (entry point 'toy2d' of "
@@ -172,7 +174,7 @@ def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path])
          "task class blobs_task.Mine: config field(s) width, depth of C have no docstring. Fix: write one "
          "under each field"),
     ],
-    ids=["missing", "import-error", "duplicate-name", "bad-config-class", "incomplete-model", "sys-exit",
+    ids=["missing", "import-error", "syntax-error", "duplicate-name", "bad-config-class", "incomplete-model", "sys-exit",
          "not-a-task", "undocumented-fields"],
 )
 def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], source: str | None, expected: str) -> None:
@@ -182,7 +184,7 @@ def test_a_broken_plugin_is_one_error_naming_it(folders: tuple[Path, Path], sour
     else:
         (home / "blobs_task.py").write_text(source)
     line = refused(home, cwd, BASE)
-    assert expected in line, line
+    assert expected.format(home=home) in line, line
     assert "Fix: " in line, line
     if source is None:
         assert "ModuleNotFoundError" in line and str(home) in line
@@ -235,7 +237,12 @@ def test_plugins_must_be_module_names(folders: tuple[Path, Path]) -> None:
     assert line == ("error: plugins: 'blobs_task.py' is a file name, not a module name. Fix: write the "
                     "module's name without .py: `plugins: [blobs_task]`"), line
     line = refused(*folders, with_(BASE, plugins=["./blobs_task"]))
-    assert line.startswith("error: plugins: './blobs_task' is not a module name"), line
+    assert line.startswith("error: plugins: './blobs_task' is a path, not a module name"), line
+    # the fix offered for a path is a module name that works (it used to offer './blobs_task')
+    line = refused(*folders, with_(BASE, plugins=["./blobs_task.py"]))
+    assert "Fix: write the module's name without .py: `plugins: [blobs_task]`" in line, line
+    line = refused(*folders, with_(BASE, plugins=["blobs_task"], task={"name": "blobs", "n": "x"}))
+    assert line.startswith("error: task.n: "), line  # blobs_task imported: the next check speaks
 
 
 HALF_LOADED = (
