@@ -215,7 +215,7 @@ def verdict_text(v: vd.Verdict) -> list[str]:
         t = ex.assign(
             excluded=ex["excluded_share"].map(_pct_cell),
             interval=[f"[{vd.pct(a)}, {vd.pct(b)}]" for a, b in zip(ex["low"], ex["high"], strict=True)],
-        )[["point", "runs", "ok", "not_learned", "diverged", "other", "excluded", "interval"]]  # fmt: skip
+        )[["point", "runs", "ok", "not_learned", "diverged", "failed", "other", "excluded", "interval"]]  # fmt: skip
         lines += [
             "",
             "Runs left out of every number (share with 95% Wilson interval)",

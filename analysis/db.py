@@ -111,9 +111,9 @@ def configs_sql(trials: str, runs: str) -> str:
     """One row per ``(study, trial_id)``: the config's columns from its latest unit in
     ``trials`` (task, model, config_hash, config_json, point_json, flattened config columns,
     a candidate's params and objective), ``bundles`` (units with committed seeds), ``runs``
-    (committed seeds), their count by status (``ok``, ``diverged``, ``not_learned``) and
-    ``status``: ``pruned`` (a candidate ASHA stopped, nothing committed), ``partial`` (a
-    run diverged) or ``ok``. A config whose every trials row is unreadable still has its
+    (committed seeds), their count by status (``ok``, ``diverged``, ``not_learned``,
+    ``failed``: recorded by ``study resume --skip-failed``) and ``status``: ``pruned`` (a
+    candidate ASHA stopped, nothing committed), ``partial`` (a run diverged or failed) or ``ok``. A config whose every trials row is unreadable still has its
     row, with its counts (config columns NULL)."""
     drop = ", ".join(c for c in UNIT_COLUMNS if c in SCHEMAS["trials"].names)
     return (
@@ -123,13 +123,14 @@ def configs_sql(trials: str, runs: str) -> str:
         f"FROM {trials} GROUP BY ALL), "
         "counts AS (SELECT study, trial_id, count(*) AS runs, count(*) FILTER (WHERE status = 'ok') AS ok, "
         "count(*) FILTER (WHERE status = 'diverged') AS diverged, "
+        "count(*) FILTER (WHERE status = 'failed') AS failed, "
         f"count(*) FILTER (WHERE status = 'not_learned') AS not_learned FROM {runs} GROUP BY ALL) "
         "SELECT coalesce(l.study, c.study) AS study, coalesce(l.trial_id, c.trial_id) AS trial_id, "
         f"l.* EXCLUDE (study, trial_id, {drop}), coalesce(u.bundles, 0) AS bundles, "
         "coalesce(c.runs, 0) AS runs, coalesce(c.ok, 0) AS ok, coalesce(c.diverged, 0) AS diverged, "
-        "coalesce(c.not_learned, 0) AS not_learned, "
+        "coalesce(c.not_learned, 0) AS not_learned, coalesce(c.failed, 0) AS failed, "
         "CASE WHEN coalesce(c.runs, 0) = 0 AND l.status = 'pruned' THEN 'pruned' "
-        "WHEN coalesce(c.diverged, 0) > 0 THEN 'partial' ELSE 'ok' END AS status "
+        "WHEN coalesce(c.diverged, 0) + coalesce(c.failed, 0) > 0 THEN 'partial' ELSE 'ok' END AS status "
         "FROM latest AS l FULL OUTER JOIN counts AS c ON l.study = c.study AND l.trial_id = c.trial_id "
         "LEFT JOIN units AS u ON u.study = coalesce(l.study, c.study) AND u.trial_id = coalesce(l.trial_id, c.trial_id)"
     )
@@ -502,6 +503,8 @@ class StudyInfo:
     not_learned: int
     """Committed runs that never learned (e.g. Weber et al.'s stopping rule): counted apart."""
     diverged: int
+    failed: int
+    """Committed runs recorded as failed (``study resume --skip-failed``)."""
     pending: int | None
     """Runs planned and not yet committed, failed ones included (``study status`` tells
     them apart): a seed study's; ``None`` without a manifest and for a tuning study (a
@@ -513,9 +516,9 @@ class StudyInfo:
     def statuses(self) -> str:
         """The committed runs by status, e.g. ``59 ok, 1 not_learned, 0 diverged``; runs of
         any other status are counted as ``other``."""
-        other = self.done - self.ok - self.not_learned - self.diverged
+        other = self.done - self.ok - self.not_learned - self.diverged - self.failed
         text = f"{self.ok} ok, {self.not_learned} not_learned, {self.diverged} diverged"
-        return text + (f", {other} other" if other else "")
+        return text + (f", {self.failed} failed" if self.failed else "") + (f", {other} other" if other else "")
 
 
 def _manifest_or_warn(out: Path, name: str) -> Any:
@@ -537,7 +540,8 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
             "SELECT study, count(*) AS done, "
             "count(*) FILTER (WHERE status = 'ok') AS ok, "
             "count(*) FILTER (WHERE status = 'not_learned') AS not_learned, "
-            "count(*) FILTER (WHERE status = 'diverged') AS diverged "
+            "count(*) FILTER (WHERE status = 'diverged') AS diverged, "
+            "count(*) FILTER (WHERE status = 'failed') AS failed "
             "FROM runs GROUP BY study"
         ).fetchall()
     finally:
@@ -562,7 +566,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
     infos = []
     for name in sorted(names):
         m = manifests[name]
-        done, ok, not_learned, diverged = counts.get(name, (0, 0, 0, 0))
+        done, ok, not_learned, diverged, failed = counts.get(name, (0, 0, 0, 0, 0))
         task, model = from_trials.get(name, (None, None))
         configs, planned = _planned(m)
         infos.append(
@@ -577,6 +581,7 @@ def list_studies(out: Path, *, only: Sequence[str] | None = None) -> list[StudyI
                 ok=int(ok),
                 not_learned=int(not_learned),
                 diverged=int(diverged),
+                failed=int(failed),
                 pending=None if planned is None or (m and m.kind == "tune") else max(planned - int(done), 0),
             )
         )

@@ -188,7 +188,8 @@ def verdict_html(v: vd.Verdict, definition_text: str | None = None) -> str:
         )
         parts.append("<p>Runs left out of every number (share with 95% Wilson interval):</p>")
         parts.append(_html_table(t, [("point", "config"), ("runs", "runs"), ("ok", "ok"), ("not_learned", "never learned"),
-                                     ("diverged", "diverged"), ("other", "other"), ("share", "left out")]))  # fmt: skip
+                                     ("diverged", "diverged"), ("failed", "failed"), ("other", "other"),
+                                     ("share", "left out")]))  # fmt: skip
     parts += [f"<p class='warning'>warning: {html.escape(w)}</p>" for w in v.warnings]
     return "".join(parts) + "</section>"
 

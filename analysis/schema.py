@@ -74,6 +74,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("committed_at", TS),
             ("weights", pa.string()),  # kept weights, a path relative to OUT (NULL: none kept)
             ("files", pa.string()),  # JSON: the files its commit wrote (table, path, rows, bytes, sha256)
+            ("error", pa.string()),  # status failed (recorded by `study resume --skip-failed`): why; else NULL
         ]
     ),
     "metrics": pa.schema(

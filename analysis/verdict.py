@@ -259,18 +259,18 @@ def excluded_runs(runs: pd.DataFrame, labels: dict[str, str] | None = None) -> p
     """Committed runs per config by status, with the share not ``ok`` (Wilson interval).
 
     ``runs``: one row per committed run (columns trial_id, status; NULL status counts as
-    ok). Returns columns point, trial_id, runs, ok, not_learned, diverged, other,
-    excluded_share, low, high: one row per config.
+    ok). Returns columns point, trial_id, runs, ok, not_learned, diverged, failed (recorded
+    by ``study resume --skip-failed``), other, excluded_share, low, high: one row per config.
     """
     rows = []
     for tid, sub in runs.groupby("trial_id", sort=True):
         st = sub["status"].fillna("ok")
         n, ok = len(st), int((st == "ok").sum())
-        nl, dv = int((st == "not_learned").sum()), int((st == "diverged").sum())
+        nl, dv, fl = (int((st == s).sum()) for s in ("not_learned", "diverged", "failed"))
         ci = iv.proportion_interval(n - ok, n, method="wilson")
-        rows.append(((labels or {}).get(tid, tid), tid, n, ok, nl, dv, n - ok - nl - dv,
+        rows.append(((labels or {}).get(tid, tid), tid, n, ok, nl, dv, fl, n - ok - nl - dv - fl,
                      ci.estimate, ci.low, ci.high))  # fmt: skip
-    cols = ["point", "trial_id", "runs", "ok", "not_learned", "diverged", "other",
+    cols = ["point", "trial_id", "runs", "ok", "not_learned", "diverged", "failed", "other",
             "excluded_share", "low", "high"]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 
@@ -289,7 +289,7 @@ def left_out_text(trial_ids: list[str], excluded: pd.DataFrame, values: pd.DataF
             continue
         r = row.iloc[0]
         why = [f"{int(r[k])} {w}" for k, w in (("not_learned", "never learned"), ("diverged", "diverged"),
-                                                ("other", "other")) if int(r[k])]
+                                                ("failed", "failed"), ("other", "other")) if int(r[k])]
         has = values[values["trial_id"] == tid].groupby("split").size()
         short = [sp for sp in splits if has.get(sp, 0) < 2]
         if int(r["ok"]) >= 2 and short:
@@ -472,8 +472,8 @@ def study_verdict(
         nl = int(excluded["not_learned"].sum())
         v.warnings.append(
             f"{n_out} of {int(excluded['runs'].sum())} runs left out of every number "
-            f"({nl} never learned, {int(excluded['diverged'].sum())} diverged, "
-            f"{int(excluded['other'].sum())} other); see the excluded runs table"
+            f"({nl} never learned, {int(excluded['diverged'].sum())} diverged, {int(excluded['failed'].sum())} "
+            f"failed, {int(excluded['other'].sum())} other); see the excluded runs table"
         )
     sizes = values.groupby(["trial_id", "split"]).size()
     seeds_min = int(sizes.min()) if not sizes.empty else 0

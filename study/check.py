@@ -48,8 +48,8 @@ from trainables.errors import StudyStateError
 from trainables.results import (
     COMMITTED_TABLES,
     TABLES,
-    _fsync_dir,
     file_digest,
+    fsync_dir,
     readable,
     table_dir,
 )
@@ -496,8 +496,8 @@ def _move(out: Path, path: Path, moved: Quarantined) -> None:
     dest = moved.folder / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, dest)
-    _fsync_dir(path.parent)
-    _fsync_dir(dest.parent)
+    fsync_dir(path.parent)
+    fsync_dir(dest.parent)
     moved.files.append(rel.as_posix())
 
 

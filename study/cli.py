@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -158,11 +158,20 @@ def resume(
         typer.Option("--seeds", min=1, help="Grow a seed study: at least this many seeds per config "
                      "(committed runs are kept; the recorded overrides need not be typed again)."),
     ] = None,
+    skip_failed: Annotated[
+        bool, typer.Option("--skip-failed", help="Record the seeds the last run left failed as failed runs "
+                           "(runs.status 'failed', runs.error why) instead of running them again.")
+    ] = False,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Run the seeds recorded as failed (--skip-failed) again.")
+    ] = False,
 ) -> None:
     """Finish an interrupted study from its manifest (committed runs are kept).
 
     It reruns the config recorded there (the study file with its command-line overrides
-    applied) with its seed counts; --seeds N grows every config to at least N seeds."""
+    applied) with its seed counts; --seeds N grows every config to at least N seeds. A seed
+    that fails every time can be recorded as a failed run with --skip-failed (analyses count
+    it apart, like a diverged run), and run again later with --retry-failed."""
     import dataclasses
 
     from study import manifest
@@ -182,9 +191,15 @@ def resume(
         raise ConfigError("NAME", f"the manifest {out}/{name}/study.json is damaged (seeds / tune_trials)",
                           "restore it, or re-create it with `study run CONFIG --name NAME`") from None
     recorded = tuple(str(o) for o in m.get("overrides") or ())  # already applied to m["config"]
+    if skip_failed and retry_failed:
+        _fail("--skip-failed and --retry-failed: give one of them. Fix: drop one")
     if m.get("kind") == "tune":
         from study.tuning import run_tuning
 
+        if skip_failed or retry_failed:
+            raise ConfigError("--skip-failed" if skip_failed else "--retry-failed",
+                              f"{name} is a tuning study: a failed candidate is a FAIL trial of its Optuna "
+                              "search, re-asked with the same params on resume", "resume it without the flag")
         if seeds is not None:
             raise ConfigError("--seeds", f"{name} is a tuning study: its seeds per candidate are part of "
                               "its search", f"run a seed study of its best candidate: `study run --from-best "
@@ -200,7 +215,8 @@ def resume(
         from study.config import with_point_counts
 
         cfg = with_point_counts(cfg, {p.trial_id: max(p.seeds.count, seeds) for p in cfg.points})
-    counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra)
+    failed: Literal["skip", "retry"] | None = "skip" if skip_failed else "retry" if retry_failed else None
+    counts = run_study(cfg, name, out, address, num_cpus, extra_manifest=extra, failed_seeds=failed)
     typer.echo(_finished(name, out, counts))
 
 
@@ -286,8 +302,8 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     """Seeds planned, done, diverged, failed and pending per config.
 
     One row per config (grid point; trial_id is its hash): seeds planned, done (committed),
-    ok, diverged, not_learned, failed (left uncommitted by the last run's failed trials) and
-    pending. A table ends with why the last run's seeds failed, or why it stopped early. A
+    ok, diverged, not_learned, failed (left uncommitted by the last run's failed trials, or
+    recorded as failed runs by `study resume --skip-failed`) and pending. A table ends with why the last run's seeds failed, or why it stopped early. A
     tuning study: one row per candidate, with its Optuna state and objective, then how far
     the search is and its best candidate so far."""
     from analysis.formatting import format_rows
@@ -296,6 +312,7 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
         committed_runs,
         driver_lines,
         last_run_lines,
+        recorded_failed_lines,
         study_manifest,
         study_status,
         tuning_lines,
@@ -313,7 +330,8 @@ def status(name: Annotated[str, typer.Argument()], out: OutOpt = Path("results")
     if tuning:
         lines = tuning_lines(out, name, rows, m, {r["candidate"]: lb for r, lb in zip(rows, labels, strict=True)})
     else:
-        lines = last_run_lines(out, name, {r["trial_id"]: lb for r, lb in zip(rows, labels, strict=True)}, runs)
+        by_id = {r["trial_id"]: lb for r, lb in zip(rows, labels, strict=True)}
+        lines = last_run_lines(out, name, by_id, runs) + recorded_failed_lines(out, name, by_id, runs)
     lines = driver_lines(out, name, more=bool(lines)) + lines
     for line in lines:  # csv and json keep stdout to the rows: the lines go to stderr there
         typer.echo(line, err=fmt != "table")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import Progress
@@ -509,9 +509,12 @@ def run_study(
     num_cpus: int | None = None,
     kind: str = "seeds",
     extra_manifest: dict[str, Any] | None = None,
+    failed_seeds: Literal["skip", "retry"] | None = None,
 ) -> dict[str, int]:
     """Run (or resume) a seed/grid study; returns counts ``planned``, ``done`` (committed),
-    ``ran``, ``failed``, ``pending``, all read from Parquet after the run.
+    ``ran``, ``failed``, ``pending``, all read from Parquet after the run. ``failed_seeds``: first
+    record the seeds the last run left failed as failed runs (``skip``), or remove those
+    records so the seeds run again (``retry``): :mod:`study.failed_runs`.
 
     Raises :class:`StudyIncomplete` (exit 1, or 128 + the signal after SIGINT / SIGTERM)
     unless every planned run is committed."""
@@ -520,7 +523,7 @@ def run_study(
     # before the lock touches the folder of a study of another kind (prepare checks again under it)
     manifest_mod.check_kind(manifest_mod.read(out, name), out, name, kind)
     with study_lock(out, name), manifest_mod.forgotten_if_refused(out, name):
-        return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts)
+        return _run_locked(cfg, name, out, address, num_cpus, kind, extra_manifest, facts, failed_seeds)
 
 
 def _run_locked(
@@ -532,6 +535,7 @@ def _run_locked(
     kind: str,
     extra_manifest: dict[str, Any] | None,
     facts: dict[str, Any],
+    failed_seeds: Literal["skip", "retry"] | None = None,
 ) -> dict[str, int]:
     """:func:`run_study` once its inputs are checked and this driver holds the study's lock."""
     manifest = manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
@@ -543,6 +547,8 @@ def _run_locked(
     if moved.runs:
         console.print(f"study {name}: {len(moved.runs)} damaged run(s) moved to {moved.folder}; they run again "
                       f"(study check {name} --out {out} verifies every file)", soft_wrap=True, highlight=False)
+    if failed_seeds is not None:
+        settle_failed(cfg, out, name, failed_seeds)
     units, planned, already = plan_units(cfg, out, name, device, 1)
     request = StopRequest(out, name)  # a request left from an earlier run is not for this one
     if not units:
@@ -610,6 +616,26 @@ def _run_locked(
         code = stops.exit_code if interrupted and stops else DRAINED_EXIT if drained and not failed_units else 1
         raise StudyIncomplete(incomplete_line(name, counts, why or "incomplete", f"{fix}{kept}"), code)
     return counts
+
+
+def settle_failed(cfg: StudyConfig, out: Path, name: str, how: Literal["skip", "retry"]) -> None:
+    """``study resume --skip-failed`` / ``--retry-failed`` (:mod:`study.failed_runs`), with one
+    line saying which seeds."""
+    from analysis.manifest import point_label
+    from study.failed_runs import record_failed, retry_failed
+    from study.status import seeds_text
+
+    labels = {p.trial_id: point_label(dict(p.values)) for p in cfg.points}  # as `study status` names them
+    if how == "skip":
+        done = record_failed(cfg, out, name)
+        said = (f"{sum(map(len, done.values()))} seed(s) the last run left failed recorded as failed runs, not "
+                f"run again ({seeds_text(done, labels)}); `study resume {name} --out {out} --retry-failed` runs "
+                "them again" if done else f"no failed seeds to record (`study status {name} --out {out}` lists them)")
+    else:
+        done = retry_failed(out, name)
+        said = (f"{sum(map(len, done.values()))} seed(s) recorded as failed run again ({seeds_text(done, labels)})"
+                if done else "no seeds recorded as failed to run again")
+    console.print(f"study {name}: {said}", soft_wrap=True, highlight=False)
 
 
 def concurrent_trials(resources: dict[str, float], cfg: StudyConfig) -> int:

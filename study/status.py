@@ -65,7 +65,7 @@ def committed_runs(out: Path, name: str) -> dict[tuple[str, int], str]:
     return runs
 
 
-def _still_failed(record: dict[str, Any] | None, runs: dict[tuple[str, int], str]) -> list[tuple[dict[str, Any], list[int]]]:
+def still_failed(record: dict[str, Any] | None, runs: dict[tuple[str, int], str]) -> list[tuple[dict[str, Any], list[int]]]:
     """Each failed unit of the last run (``record``: :func:`last_run`) with the seeds it left
     that are still not committed (``runs``: :func:`committed_runs`; a resume may have
     committed some)."""
@@ -82,7 +82,7 @@ def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tupl
     if record is None:
         return []
     causes: dict[str, tuple[int, list[str]]] = {}  # error -> (seeds still uncommitted, points)
-    for unit, seeds in _still_failed(record, runs):
+    for unit, seeds in still_failed(record, runs):
         if not seeds:
             continue
         error, label = str(unit.get("error", "")), labels.get(str(unit.get("trial_id")), "")
@@ -94,6 +94,34 @@ def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tupl
         named = "; ".join(points[:3]) + ("; ..." if len(points) > 3 else "")
         lines.append(f"last run (ended {when}): {count} seed(s) failed{f' ({named})' if named else ''}: {error}")
     return lines + _stop_line(record)
+
+
+FAILED = "failed"
+"""The ``runs.status`` of a seed recorded as failed (:mod:`study.failed_runs`)."""
+
+
+def seeds_text(by_trial: dict[str, list[int]], labels: dict[str, str]) -> str:
+    """``lr=0.5: seeds 3, 7; lr=1: seed 2`` (``labels``: trial_id -> grid point label)."""
+    parts = []
+    for trial_id, seeds in sorted(by_trial.items()):
+        label = labels.get(trial_id) or trial_id
+        parts.append(f"{label}: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}")
+    return "; ".join(parts)
+
+
+def recorded_failed_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tuple[str, int], str]) -> list[str]:
+    """One line for the seeds recorded as failed runs (``study resume --skip-failed``), with
+    how to run them again; none without any. ``labels``: trial_id -> grid point label."""
+    by_trial: dict[str, list[int]] = {}
+    for (trial_id, seed), run_status in runs.items():
+        if run_status == FAILED:
+            by_trial.setdefault(trial_id, []).append(seed)
+    if not by_trial:
+        return []
+    n = sum(len(v) for v in by_trial.values())
+    return [f"{n} seed(s) recorded as failed runs, not run again ({seeds_text(by_trial, labels)}; their errors: "
+            f"`study sql \"SELECT trial_id, seed, error FROM runs WHERE study = '{name}' AND status = 'failed'\" "
+            f"--out {out}`). Run them again: study resume {name} --out {out} --retry-failed"]
 
 
 def driver_lines(out: Path, name: str, *, more: bool = False) -> list[str]:
@@ -145,16 +173,18 @@ def study_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str, 
     """One dict per grid point of seed study ``name`` (manifest ``m``): point, trial_id,
     planned, done, ok, diverged, not_learned (committed runs whose selection metric never
     reached the arming level), failed (seeds the last run's failed trials left uncommitted:
-    :func:`last_run`) and pending (the rest). ``runs``: :func:`committed_runs`."""
+    :func:`last_run`; and committed runs recorded as failed by ``study resume --skip-failed``,
+    also in done) and pending (the rest). ``runs``: :func:`committed_runs`."""
     status = _by_config(runs)
     failed: dict[str, int] = {}
-    for unit, seeds in _still_failed(last_run(out, name), runs):
+    for unit, seeds in still_failed(last_run(out, name), runs):
         failed[str(unit.get("trial_id"))] = failed.get(str(unit.get("trial_id")), 0) + len(seeds)
     rows = []
     for p in m.get("points", []):
         d = status.get(p["trial_id"], {})
         done = sum(d.values())
         lost = min(failed.get(p["trial_id"], 0), max(0, p["seeds"] - done))
+        recorded = d.get("failed", 0)  # committed as failed (`study resume --skip-failed`)
         rows.append({
             "point": json.dumps(p.get("point") or {}, sort_keys=True),
             "trial_id": p["trial_id"],
@@ -163,7 +193,7 @@ def study_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str, 
             "ok": d.get("ok", 0),
             "diverged": d.get("diverged", 0),
             "not_learned": d.get("not_learned", 0),
-            "failed": lost,
+            "failed": lost + recorded,
             "pending": max(0, p["seeds"] - done - lost),
         })
     return rows

@@ -71,6 +71,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("committed_at", TS),
             ("weights", pa.string()),  # kept weights, relative to OUT (NULL: none kept)
             ("files", pa.string()),  # JSON: what the commit wrote (see the module doc)
+            ("error", pa.string()),  # status failed: why (``study resume --skip-failed``); else NULL
         ]
     ),
     "metrics": pa.schema(
@@ -149,7 +150,7 @@ def write_atomic(table: pa.Table, path: Path) -> dict[str, Any]:
             os.fsync(fh.fileno())
         record = {"rows": table.num_rows, **file_digest(tmp)}
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -220,7 +221,7 @@ def commit_seed(
         keep()
     if run_row.get("weights"):
         kept = out / str(run_row["weights"])
-        _fsync_dir(kept.parent)
+        fsync_dir(kept.parent)
         files.append({"table": "weights", "path": str(run_row["weights"]), "rows": None, **file_digest(kept)})
     write_rows(out, study, "runs", stem, [{**run_row, "files": json.dumps(files)}])
     return files
@@ -249,7 +250,7 @@ def commit_evaluation(
     old = table_dir(out, "evaluations", study) / f"{stem}.parquet"
     if old.exists():
         old.unlink()
-        _fsync_dir(old.parent)
+        fsync_dir(old.parent)
     files = [
         write_rows(out, study, name, stem, [{**r, "eval_id": stem} for r in tables.get(name, [])])
         for name in ("evals", "predictions")
@@ -258,7 +259,7 @@ def commit_evaluation(
     return files
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make a rename or unlink in ``folder`` durable (no-op where folders cannot be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

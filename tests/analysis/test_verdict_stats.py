@@ -268,13 +268,13 @@ def test_source_share_intervals_leave_out_resamples_without_variance() -> None:
 
 def test_excluded_runs_count_not_learned_apart() -> None:
     runs = pd.DataFrame(
-        {"trial_id": ["a"] * 4 + ["b"] * 2,
-         "status": ["ok", "not_learned", "ok", None, "diverged", "ok"]}
+        {"trial_id": ["a"] * 5 + ["b"] * 2,
+         "status": ["ok", "not_learned", "ok", None, "failed", "diverged", "ok"]}
     )  # fmt: skip
     ex = excluded_runs(runs, {"a": "lr=1"}).set_index("trial_id")
     assert ex.loc["a", "point"] == "lr=1"
-    assert ex.loc["a", ["runs", "ok", "not_learned", "diverged"]].tolist() == [4, 3, 1, 0]
-    assert ex.loc["a", "excluded_share"] == 0.25
+    assert ex.loc["a", ["runs", "ok", "not_learned", "diverged", "failed", "other"]].tolist() == [5, 3, 1, 0, 1, 0]
+    assert ex.loc["a", "excluded_share"] == 0.4
     assert ex.loc["b", "diverged"] == 1 and ex.loc["b", "high"] <= 1
 
 

@@ -96,7 +96,7 @@ def test_rows_and_frames_print_alike() -> None:
 def test_dataclass_rows_and_empty_listings() -> None:
     from analysis.db import StudyInfo
 
-    info = StudyInfo("s", "seeds", "t", "m", 1, 3, 2, 2, 0, 0, 1)
+    info = StudyInfo("s", "seeds", "t", "m", 1, 3, 2, 2, 0, 0, 0, 1)
     assert json.loads(format_rows([info], "json"))[0]["planned"] == 3
     assert format_rows([], "table") == "(0 rows)" and json.loads(format_rows([], "json")) == []
     assert format_rows([], "csv", columns=["a", "b"]) == "a,b"
@@ -131,7 +131,7 @@ def test_ls_counts_runs_of_a_tuning_study_consistently(out: Path, capsys: pytest
     assert (by["grid"]["configs"], by["grid"]["planned"], by["grid"]["done"]) == (2, 4, 4)
     rc, text, _ = cli(["ls", "--out", str(out)], capsys)
     head = text.splitlines()[0].split()
-    assert head == ["name", "kind", "task", "model", "configs", "planned", "done", "ok", "not_learned", "diverged", "pending"]
+    assert head == ["name", "kind", "task", "model", "configs", "planned", "done", "ok", "not_learned", "diverged", "failed", "pending"]
 
 
 def test_report_header_says_seeds_per_candidate(out: Path) -> None:
