@@ -43,6 +43,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {},
     "bi2": {"bidirectional": True, "layers": 2},
     "tgt_emb_reversed": {"tgt_emb_size": 3, "reverse_source": True},
+    "h_dropout_only": {"embedding_dropout": False},  # OpenNMT-py 0.x: dropout on h~ (the feed) only
     # Li et al.'s SCAN model (TensorFlow 1's AttentionWrapper): BiLSTM, TF's init, 8-dim
     # action embeddings, the attention layer without tanh
     "li2021_scan": {
@@ -110,12 +111,15 @@ class Plain:
             n_tgt = sum(len(t) + 1 for _, t in rows)
             e_tgt = self.cfg.tgt_emb_size or self.cfg.emb_size
             h_dec = self.cfg.hidden_size * (2 if self.cfg.bidirectional else 1)
+            sizes = ((n_src, self.cfg.emb_size), (n_tgt, e_tgt), (n_tgt, h_dec))
+            # without embedding dropout (OpenNMT-py's) only h~'s masks are drawn
             drawn = [
-                torch.rand((n, f), generator=g)
-                for n, f in ((n_src, self.cfg.emb_size), (n_tgt, e_tgt), (n_tgt, h_dec))
+                torch.rand((n, f), generator=g) if self.cfg.embedding_dropout or i == 2 else torch.ones(n, f)
+                for i, (n, f) in enumerate(sizes)
             ]
             drawn = [
-                (u < keep).float().mul_(1.0 / keep).double() for u in drawn
+                (u < keep).float().mul_(1.0 / keep).double() if self.cfg.embedding_dropout or i == 2 else u.double()
+                for i, u in enumerate(drawn)
             ]  # float32 as drawn
             src_cut = np.cumsum([0] + [len(s) for s, _ in rows])
             tgt_cut = np.cumsum([0] + [len(t) + 1 for _, t in rows])

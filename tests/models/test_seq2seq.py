@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {},
     "bi2": {"bidirectional": True, "layers": 2},
     "plain_reversed": {"attention": "none", "reverse_source": True},
+    "h_dropout_only": {"embedding_dropout": False},  # OpenNMT-py 0.x: no dropout on the embeddings
 }
 
 

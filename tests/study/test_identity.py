@@ -34,8 +34,8 @@ PINNED = {
     "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
-    "weber2018": ["3c697e4267fb38e9"],  # d2f1484e3fd46ece before stopping on val_ood and OpenNMT-py's lr decay; 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
-    "weber2018_tune": ["3c697e4267fb38e9"],  # d2f1484e3fd46ece before stopping on val_ood and OpenNMT-py's lr decay; 769e99719d5418a3 before input feeding and sum / sentences
+    "weber2018": ["47dd079ef6735ecd"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
+    "weber2018_tune": ["47dd079ef6735ecd"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences
     "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
                    "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
     "zhou2023_hints_gpu": ["63ddccf2471de4b3", "6ddfcfd5084ba099"],
@@ -53,7 +53,7 @@ embedding in li2021_scan and then its TensorFlow 1 attention wrapper (input feed
 and loss (sum / batch) and then its batches drawn with replacement and then its end-of-input
 token and 7 output classes and then its move to the fast path's bundled input feeding, Suzgun et al.'s very-long sampler in elnaggar2022 and then its final-epoch weights and the authors' checkpoint epochs, TensorFlow
 Playground's training in li2021_toy and then its fixed data order, and at stop 48 the
-uncharacteristic stopping split and OpenNMT-py's lr decay in weber2018 and its tuning study,
+uncharacteristic stopping split and OpenNMT-py's lr decay and dropout placement in weber2018 and its tuning study,
 Keras's hinge, Adam epsilon and one data stream in li2021_mnist); the comments keep their
 earlier ids. Every other change must keep them."""
 

@@ -88,7 +88,7 @@ class FastEngine(Engine):
             x = embed_members(w.src_emb, ids, a.src_vocab)  # (K, S, B, E)
             mult = time_major_multipliers(
                 noise, a.dropout, batch.src_mask, batch.src_counts, batch.src_tm_pos, a.emb
-            )
+            ) if a.embedding_dropout else None
             if mult is not None:
                 x = x * mult
         last = (batch.src_len - 1).view(k, 1, b, 1).expand(k, 1, b, a.hidden)
@@ -189,7 +189,7 @@ class FastEngine(Engine):
             y = embed_members(w.tgt_emb, ids, a.tgt_vocab)  # (K, T, B, E)
             mult = time_major_multipliers(
                 noise, a.dropout, batch.tgt_mask, batch.tgt_counts, batch.tgt_tm_pos, a.tgt_emb_size
-            )
+            ) if a.embedding_dropout else None
             if mult is not None:
                 y = y * mult
         hd = a.dec_hidden

@@ -83,6 +83,8 @@ class Arch:
     max_tgt_len: int
     tgt_emb: int = 0
     """Target embedding size; 0: ``emb`` (one size for both vocabularies)."""
+    embedding_dropout: bool = True
+    """Dropout (at ``dropout``) on the source and target embeddings as well as on h~."""
     input_feeding: bool = False
     """Decoder layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]`` (Luong et al. 2015,
     sec. 3.3), ``h~_0 = 0``; the fast implementation steps it in :mod:`feeding`."""

@@ -16,7 +16,7 @@ Architecture (Luong et al. 2015, "general" score; as in Weber et al. 2018):
   length), ``context = softmax(score) . h_enc``, ``h~ = tanh(W_c [context; h_dec])`` (no
   bias in W_a or W_c; ``attention_activation: none`` leaves out the ``tanh``, as TensorFlow
   1's ``AttentionWrapper`` does); attention ``none``: ``h~ = h_dec``;
-* dropout on the source and target embeddings and on h~; ``logits = W_out h~ + b``, over
+* dropout on h~ and (``embedding_dropout``) on the source and target embeddings; ``logits = W_out h~ + b``, over
   every target id, or with ``output_classes: targets`` over EOS and the task's symbols only
   (``<pad>`` and ``<s>``, never targets, are left out of the softmax, as in Li et al.'s
   code, whose output layer has EOS plus the 6 SCAN actions).
@@ -113,7 +113,8 @@ class Seq2SeqConfig(FrozenConfig):
     """``bilinear``: Luong's general score ``h_dec^T W_a h_enc`` with ``tanh(W_c [context;
     h_dec])``; ``none``: the decoder state goes straight to the output layer."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    """Dropout probability on source and target embeddings and on the output layer input."""
+    """Dropout probability on the output layer's input h~ (fed back too, with input feeding)
+    and, unless ``embedding_dropout`` is false, on the source and target embeddings."""
     init_range: float = Field(0.1, gt=0.0)
     """Every parameter is initialised from U(-init_range, init_range) (``init: uniform``;
     unused with ``init: tf``)."""
@@ -122,6 +123,11 @@ class Seq2SeqConfig(FrozenConfig):
     ``param_init``, Weber et al.); ``tf``: Li et al.'s TensorFlow 1 code, embeddings
     U(-1, 1), Glorot-uniform kernels (an LSTM's input and recurrent weights as TF's one
     kernel), zero biases, LSTM forget-gate bias 1 (see :mod:`trainables.models.seq2seq.init`)."""
+    embedding_dropout: bool = added_field(True)
+    """Drop out the source and target embeddings as well (at ``dropout``). OpenNMT-py 0.x
+    (2018) does not: it drops out only h~ and the input between stacked LSTM layers (none
+    with one layer); its embeddings get dropout only with ``-position_encoding``
+    (``onmt/modules/Embeddings.py``, ``onmt/Models.py`` at 0ecec8b)."""
     input_feeding: bool = added_field(False)
     """Feed the attentional state back into the decoder (Luong et al. 2015, sec. 3.3):
     layer 0's input at step t is ``[emb(y_{t-1}); h~_{t-1}]``, ``h~_0 = 0``. On by default
@@ -259,6 +265,7 @@ def _arch(cfg: Seq2SeqConfig, meta: dict[str, Any]) -> Arch:
         max_tgt_len=int(meta["max_tgt_len"]),
         tgt_emb=cfg.tgt_emb_size or 0,
         input_feeding=cfg.input_feeding,
+        embedding_dropout=cfg.embedding_dropout,
         attention_tanh=cfg.attention_activation == "tanh",
         out_offset=EOS if cfg.output_classes == "targets" else 0,
     )

@@ -79,7 +79,7 @@ class ReferenceEngine(Engine):
         src, src_len = batch.src[0], batch.src_len[0]
         b, s = src.shape
         x = m("src_emb", src)  # (B, S, E)
-        mask = dropout_masks(noise, a.dropout, batch.src_counts, a.emb)
+        mask = dropout_masks(noise, a.dropout, batch.src_counts, a.emb) if a.embedding_dropout else None
         if mask is not None:
             x = x * scatter_rows(
                 mask, torch.nonzero(batch.src_mask[0].flatten()).squeeze(1), (b, s, a.emb)
@@ -185,7 +185,7 @@ class ReferenceEngine(Engine):
         b, t = tgt_in.shape
         positions = torch.nonzero(tgt_mask.flatten()).squeeze(1)
         y = m("tgt_emb", tgt_in)  # (B, T, E)
-        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size)
+        mask = dropout_masks(noise, a.dropout, batch.tgt_counts, a.tgt_emb_size) if a.embedding_dropout else None
         if mask is not None:
             y = y * scatter_rows(mask, positions, (b, t, a.tgt_emb_size))
         if a.input_feeding:
