@@ -347,7 +347,8 @@ def stop(
     ] = False,
 ) -> None:
     """Stop a running study from another terminal: its driver finishes the bundles running
-    now and starts no new one, then exits 3 with its counts and the resume command.
+    now and starts no new one, then exits 3 with its counts and the resume command (0 when
+    none was left to start: the study is complete).
 
     Committed runs are kept either way; `study resume NAME` finishes the study later. With
     --now the running bundles stop too (exit 130), as Ctrl-C would."""

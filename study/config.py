@@ -499,6 +499,11 @@ def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override
             raw[block] = o.value
             continue
         parts = [block, rest] if block == "grid" else _space_parts(o.path) or o.path.split(".")
+        if parts[:2] == ["tune", "space"] and len(parts) == 3 and not isinstance(o.value, dict):
+            key, _, attr = parts[2].rpartition(".")
+            raise ConfigError(o.path, f"{attr!r} is not a bound of a searched field (a range is "
+                              "low, high, log, type)", f"set one of them, e.g. `tune.space.{key}.high="
+                              f"{o.value}`, or the whole range: `'tune.space.{key}={{low: 0.01, high: 1}}'`")
         cur = raw
         for i, part in enumerate(parts[:-1]):
             nxt = cur.get(part)

@@ -2,8 +2,8 @@
 
 ``study stop NAME`` *drains* the study: the driver that holds its lock (:mod:`study.lock`)
 finishes the bundles running now and starts no new one. The command writes
-``OUT/NAME/stop_request.json`` (:func:`request_stop`); the driver looks for it about once a
-second (:class:`StopRequest`). A seed study's pending Ray Tune trials are then stopped before
+``OUT/NAME/stop_request.json`` (:func:`request_stop`); the driver looks for it at each
+turn of Ray Tune's loop, about ten a second (:class:`StopRequest`). A seed study's pending Ray Tune trials are then stopped before
 they start (:func:`draining_scheduler`); a tuning search asks Optuna for no new candidate
 (:func:`draining_limiter`). Once the running bundles have committed, the driver ends like an
 interrupted run, with counts and the resume command, and exit code :data:`DRAINED_EXIT`.
@@ -43,8 +43,10 @@ STEERABLE = ("study run", "study resume", "study tune")
 """The commands whose driver takes a drain request (``study eval`` and ``study check`` stop
 with ``--now`` only)."""
 
-CHECK_EVERY_S = 1.0
-"""How often a driver looks for a request (a ``stat`` of one file)."""
+CHECK_EVERY_S = 0.05
+"""How often a driver looks for a request at most (a ``stat`` of one file, a few
+microseconds): Tune's loop asks its scheduler about ten times a second, so a bundle Tune
+starts within that fraction of a second of the request may still start."""
 
 
 def request_stop(out: Path, name: str, now: bool = False) -> str:
@@ -61,6 +63,7 @@ def request_stop(out: Path, name: str, now: bool = False) -> str:
         )
     pid, host, command = int(info["pid"]), str(info["host"]), str(info["command"])
     who = f"pid {pid} on {host} ({command})"
+    stop_now = f"`study stop {name} --now --out {out}`"
     if now:
         if host != socket.gethostname():
             raise StudyStateError(
@@ -74,7 +77,7 @@ def request_stop(out: Path, name: str, now: bool = False) -> str:
     if not command.startswith(STEERABLE):
         raise StudyStateError(
             f"study {name} is being written by {who}, which does not take stop requests. Fix: wait "
-            f"for it, or stop it at once with `study stop {name} --now --out {out}`"
+            f"for it, or stop it at once with {stop_now}"
         )
     what = "candidates" if command.startswith("study tune") else "bundles"
     path = folder / STOP_FILE
@@ -86,7 +89,8 @@ def request_stop(out: Path, name: str, now: bool = False) -> str:
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
     return (f"study {name}: asked {who} to finish the {what} running now and start no new one; it "
-            f"exits {DRAINED_EXIT} once they have committed (`study stop {name} --now` stops them too)")
+            f"exits {DRAINED_EXIT} once they have committed (0 if none was left to start; {stop_now} stops "
+            "them too)")
 
 
 class StopRequest:

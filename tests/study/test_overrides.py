@@ -130,6 +130,10 @@ BAD: list[tuple[str, list[str], str]] = [
     ("unknown-model-field", ["model.hiden_size=8"], "error: model.hiden_size: unknown field"),
     ("with-seeds", ["seeds.count=3", "--seeds", "4"], "error: --seeds: given together with the override seeds.count"),
     # YAML reads {low:0,high:0.3} as two keys without values (before: "low: required field missing")
+    # a misspelt bound (was "Input should be a valid dictionary", the fix pointing at a file without tune:)
+    ("misspelt-bound", ["tune.space.train.lr.hgh=0.5"],
+     "error: tune.space.train.lr.hgh: 'hgh' is not a bound of a searched field (a range is low, high, log, "
+     "type). Fix: set one of them, e.g. `tune.space.train.lr.high=0.5`"),
     ("no-space-after-colon", ["tune.space.model.dropout={low:0,high:0.3}"],
      "error: tune.space.model.dropout: value '{low:0,high:0.3}' reads as keys 'low:0', 'high:0.3' without values "
      "(YAML needs a space after each colon). Fix: write {low: 0, high: 0.3}"),

@@ -77,6 +77,7 @@ def test_study_stop_drains_a_running_study_and_it_exits_3_with_counts(tmp_path: 
             proc.wait(timeout=30)
     assert asked.returncode == 0, asked
     assert f"asked pid {proc.pid} on " in asked.stdout and "start no new one" in asked.stdout, asked.stdout
+    assert f"`study stop drainme --now --out {out}` stops them too" in asked.stdout, asked.stdout
     done = len(committed(out, "drainme"))
     # one bundle runs at a time: the one running when asked finishes (not cut short), no other starts
     assert at_request <= done <= at_request + 1 and done < SEEDS, (at_request, done, stderr)
