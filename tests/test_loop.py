@@ -6,13 +6,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
+from trainables.errors import ConfigError
 from trainables.loop import BundleRun
 from trainables.seeding import derive_seedset
 from trainables.spec import RunSpec
 
 
-def _run(lr_halving: dict[str, float] | None, members: int = 2, **train: Any) -> BundleRun:
+def _run(lr_halving: dict[str, Any] | None, members: int | list[int] = 2, **train: Any) -> BundleRun:
+    """A tiny symbol-rewriting bundle of seed indices ``members`` (a count: 0..n-1) of root 3."""
     spec = RunSpec.from_dict({
         "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 160, "val_size": 20,
                  "val_ood_size": 20, "test_size": 20, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
@@ -20,7 +23,7 @@ def _run(lr_halving: dict[str, float] | None, members: int = 2, **train: Any) ->
         "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
         "train": {"optimizer": "sgd", "lr": 0.8, "batch_size": 16, "lr_halving": lr_halving, **train},
     })
-    seeds = [derive_seedset(3, i) for i in range(members)]
+    seeds = [derive_seedset(3, i) for i in (range(members) if isinstance(members, int) else members)]
     task = spec.make_task()
     return BundleRun(spec, seeds, task, task.build(seeds[0].data_seed))
 
@@ -52,6 +55,43 @@ def test_without_a_schedule_the_lr_never_moves_and_training_applies_it() -> None
     halving.train_round()  # one epoch = 10 steps, the lr halves every 5 of them
     assert halving.step == 10
     assert halving.optimizer is not None and halving.optimizer.param_groups[0]["lr"] == pytest.approx(0.8 * 0.5**2)
+
+
+def test_a_members_lr_halves_from_the_epoch_its_own_val_loss_rose_and_it_trains_as_its_lone_run() -> None:
+    """OpenNMT-py 0.x's rule (``lr_halving.on_loss_rise``): a member's halving starts after
+    the first epoch whose loss on the split is above the previous epoch's (here before
+    ``start_epoch``), then every epoch; members rise at different epochs, and each trains
+    bitwise as its lone run does."""
+    sched = {"start_epoch": 6, "every_epochs": 1, "on_loss_rise": "val_ood"}
+    bundle = _run(sched, members=4, max_epochs=5, selection={"early_stop": False})
+    while not bundle.done:
+        bundle.train_round()
+    rises = []
+    for m in bundle.members:
+        losses = [r["value"] for r in m.metrics if r["split"] == "val_ood" and r["metric"] == "loss"]
+        rise = next((e + 1 for e in range(1, len(losses)) if losses[e] > losses[e - 1]), None)
+        assert m.halving_from == rise
+        rises.append(rise)
+    assert len(set(rises)) > 1, rises  # the members' schedules really differ
+    assert bundle.optimizer is not None  # the last step ran at epoch 4.9: halvings since each rise
+    assert bundle.optimizer.param_groups[0]["lr"] == pytest.approx(
+        [0.8 * 0.5 ** (int(4.9 - r) + 1) for r in rises])
+    for k in range(4):
+        lone = _run(sched, members=[k], max_epochs=5, selection={"early_stop": False})
+        while not lone.done:
+            lone.train_round()
+        assert lone.members[0].halving_from == rises[k]
+        mine, alone = bundle.model.member_state(k), lone.model.member_state(0)
+        assert all(torch.equal(mine[n], alone[n]) for n in mine), k
+
+
+def test_a_loss_rise_trigger_needs_epochs_and_a_validation_split() -> None:
+    with pytest.raises(ConfigError, match=r"train\.lr_halving\.on_loss_rise: .*trains by steps"):
+        _run({"on_loss_rise": "val_ood"}, max_steps=5)
+    with pytest.raises(ConfigError, match=r"train\.lr_halving\.on_loss_rise: split 'long' has role 'test'"):
+        _run({"on_loss_rise": "long"})
+    with pytest.raises(ConfigError, match=r"train\.lr_halving\.on_loss_rise: task 'symbol_rewriting' has no split"):
+        _run({"on_loss_rise": "vall"})
 
 
 def test_evaluation_batches_are_capped_by_the_models_eval_rows_and_change_nothing(

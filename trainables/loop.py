@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from trainables.data import Arrays, SeqPairs, SeqTags, Split, SplitData, TaskData, TokenRows
+from trainables.errors import ConfigError
 from trainables.graphs import CapturedEval, CapturedLoss, loss_backward
 from trainables.models.base import MemberNoise, Model
 from trainables.models.counter_noise import CounterNoise
@@ -71,6 +72,10 @@ class Member:
     bad_rounds: int = 0
     rounds_run: int = 0
     metrics: Rows = field(default_factory=list)
+    halving_from: int | None = None
+    """Epochs done when ``lr_halving.on_loss_rise``'s loss first rose (its halving starts then)."""
+    last_rise_loss: float | None = None
+    """That loss after the previous epoch."""
 
     @property
     def active(self) -> bool:
@@ -173,6 +178,10 @@ class BundleRun:
             take = getattr(self.fused, "use_member_hparams", None)
             if take is None or not take(self.hparams):
                 self.fused = None  # a fused step without these values: the generic step
+        self.rise_split = spec.train.lr_halving.on_loss_rise if spec.train.lr_halving is not None else None
+        """``train.lr_halving.on_loss_rise``: members' learning rates may then differ."""
+        if self.rise_split is not None:
+            self.fused = None  # a fused step has one learning rate for every member
         self.optimizer = self._optimizer() if self.fused is None else None
         self.captured: CapturedLoss | None = None
         """The training loss as CUDA graphs (``execution.cuda_graphs`` on a GPU, generic step)."""
@@ -193,6 +202,11 @@ class BundleRun:
         if self.train_cfg.data_order == "fixed":
             self.fixed_orders = [numpy_rng(s.order_seed).permutation(self.n_train) for s in seeds]
         self.step_based = self.train_cfg.max_steps is not None or task.fresh_samples
+        if self.step_based and self.rise_split is not None:
+            raise ConfigError(
+                "train.lr_halving.on_loss_rise", f"task {task.name!r} draws fresh samples every step: there "
+                "are no epochs whose losses it could compare", "leave it unset",
+            )
         self.epoch = 0
         self.step = 0
         self.rounds = 0
@@ -268,11 +282,17 @@ class BundleRun:
             return
         steps_per_epoch = max(1, math.ceil(self.n_train / self.train_cfg.batch_size))
         epoch_f = self.step / steps_per_epoch
-        halvings = 0
-        if sched is not None and epoch_f >= sched.start_epoch:  # once start_epoch epochs are done, then every every_epochs
-            halvings = int((epoch_f - sched.start_epoch) // sched.every_epochs) + 1
         total = cfg.max_steps if cfg.max_steps is not None else cfg.max_epochs * steps_per_epoch
-        factor = 0.5**halvings * lr_factor(self.step, cfg.lr_schedule, cfg.warmup_steps, total)
+        factor = lr_factor(self.step, cfg.lr_schedule, cfg.warmup_steps, total)
+        if self.rise_split is not None:  # each member's own halvings
+            assert self.optimizer is not None and sched is not None
+            starts = [min(sched.start_epoch, math.inf if (h := self.members[k].halving_from) is None else h)
+                      for k in self.slots]
+            self.optimizer.set_lr_factor(tuple(0.5 ** _halvings(epoch_f, start, sched.every_epochs) * factor
+                                               for start in starts))
+            return
+        if sched is not None:
+            factor *= 0.5 ** _halvings(epoch_f, sched.start_epoch, sched.every_epochs)
         if self.fused is not None:
             if hasattr(self.fused, "set_lr_factor"):
                 self.fused.set_lr_factor(factor)
@@ -419,7 +439,8 @@ class BundleRun:
     def _evaluate_round(self, running: list[bool], epoch: int | None) -> None:
         cfg = self.train_cfg
         sel = cfg.selection
-        names = list(dict.fromkeys([*cfg.curve_splits, *([sel.split] if sel.mode != "last" else [])]))
+        names = list(dict.fromkeys([*cfg.curve_splits, *([sel.split] if sel.mode != "last" else []),
+                                    *([self.rise_split] if self.rise_split is not None else [])]))
         if epoch is not None and epoch in cfg.snapshot_epochs:
             names = list(self.data.splits)
         results = {name: self.evaluate(self.data.splits[name]) for name in names}
@@ -432,6 +453,11 @@ class BundleRun:
                 m.metrics.extend(self._row(m, epoch, name, role, met, v) for met, v in ev.means[row].items())
         for row, k in rows:
             m = self.members[k]
+            if self.rise_split is not None:  # OpenNMT-py's trigger: this epoch's loss above the last one's
+                loss = results[self.rise_split].means[row]["loss"]
+                if m.halving_from is None and m.last_rise_loss is not None and loss > m.last_rise_loss:
+                    m.halving_from = self.epoch
+                m.last_rise_loss = loss
             if m.status == "diverged":
                 continue
             value = math.nan if sel.mode == "last" else results[sel.split].means[row][sel.metric]
@@ -603,6 +629,12 @@ class BundleRun:
         self.epoch, self.step, self.rounds, self.wall_s = state["counters"]
         for m, d in zip(self.members, state["members"], strict=True):
             m.__dict__.update(d)
+
+
+def _halvings(epoch_f: float, start: float, every: float) -> int:
+    """Halvings after ``epoch_f`` epochs of a schedule whose first applies once ``start``
+    epochs are done, then one every ``every`` epochs."""
+    return 0 if epoch_f < start else int((epoch_f - start) // every) + 1
 
 
 def _in_split_order(n: int, parts: Sequence[tuple[np.ndarray, Sequence[Any]]]) -> Sequence[Any]:

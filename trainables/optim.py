@@ -101,6 +101,8 @@ class MemberHparams:
             "dropout": dropout,
         }
         shared = frozenset(n for n, v in values.items() if v is None or len(set(v)) == 1)
+        if any(s.train.lr_halving is not None and s.train.lr_halving.on_loss_rise for s in specs):
+            shared -= {"lr"}  # each member's halvings are its own: one arithmetic, alone or bundled
         return cls(**values, shared=shared)
 
     def keep(self, rows: Sequence[int]) -> MemberHparams:
@@ -240,8 +242,9 @@ class BundledOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"a bundled optimizer of {k} members takes (K={k}, ...) parameters, got {tuple(p.shape)}")
         super().__init__(params, {"lr": hparams.lr[0]})
         self.hparams = hparams
-        self.lr_factor = 1.0
-        """The schedule's factor on every member's learning rate (``train.lr_halving``)."""
+        self.lr_factor: float | tuple[float, ...] = 1.0
+        """The schedule's factor on every member's learning rate, or one per row
+        (``train.lr_halving``)."""
         self._show_lr()
 
     # torch.optim.Optimizer wraps these in torch._disable_dynamo, whose first call imports
@@ -257,14 +260,17 @@ class BundledOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             group["lr"] = lrs[0] if "lr" in self.hparams.shared else lrs
 
-    def set_lr_factor(self, factor: float) -> None:
-        """Every learning rate := its base value times ``factor`` (an lr schedule)."""
-        self.lr_factor = float(factor)
+    def set_lr_factor(self, factor: float | Sequence[float]) -> None:
+        """Every learning rate := its base value times ``factor`` (an lr schedule), or row
+        r's times ``factor[r]`` (each member's own schedule)."""
+        self.lr_factor = float(factor) if isinstance(factor, int | float) else tuple(float(f) for f in factor)
         self._show_lr()
 
     def lrs(self) -> tuple[float, ...]:
         """Each row's learning rate now."""
-        return tuple(lr * self.lr_factor for lr in self.hparams.lr)
+        f = self.lr_factor
+        factors = f if isinstance(f, tuple) else (f,) * len(self.hparams.lr)
+        return tuple(lr * x for lr, x in zip(self.hparams.lr, factors, strict=True))
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Keep model rows ``rows`` only (compaction): state tensors and per-member values."""
@@ -274,6 +280,8 @@ class BundledOptimizer(torch.optim.Optimizer):
                 if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == old_k:
                     state[key] = v.index_select(0, torch.tensor(rows, device=v.device)).contiguous()
         self.hparams = self.hparams.keep(rows)
+        if isinstance(self.lr_factor, tuple):
+            self.lr_factor = tuple(self.lr_factor[r] for r in rows)
         self._show_lr()
 
     def _params(self) -> list[Tensor]:

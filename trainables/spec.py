@@ -49,12 +49,20 @@ class SelectionConfig(FrozenConfig):
 
 
 class LrHalving(FrozenConfig):
-    """Halve the learning rate on a schedule (Sutskever et al. 2014)."""
+    """Halve the learning rate on a schedule (Sutskever et al. 2014), or from the first epoch
+    a validation loss rises (OpenNMT-py 0.x)."""
 
     start_epoch: float = Field(5.0, ge=0)
     """The first halving applies once this many epochs (fractional allowed) are done."""
     every_epochs: float = Field(0.5, gt=0)
     """Then halve again every this many epochs (lr / 2^n after start + (n - 1) * every)."""
+    on_loss_rise: str | None = added_field(None)
+    """A split whose loss is evaluated after every epoch: a member's halving also starts,
+    earlier than ``start_epoch``, once an epoch ends with that loss above the previous
+    epoch's (each member by its own loss; its lr then halves every ``every_epochs``):
+    OpenNMT-py 0.x's rule (``Optim.update_learning_rate``: decay once the epoch reaches
+    ``-start_decay_at`` or validation perplexity rises, then every epoch). Epoch-based
+    training only. None: the schedule alone."""
 
 
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]
@@ -128,6 +136,15 @@ class TrainConfig(FrozenConfig):
     """Write per-example predictions of the test splits (the ``predictions`` table)."""
     selection: SelectionConfig = SelectionConfig()
     """Model selection and early stopping."""
+
+    @model_validator(mode="after")
+    def _loss_rise_needs_epochs(self) -> TrainConfig:
+        if self.lr_halving is not None and self.lr_halving.on_loss_rise is not None and self.max_steps is not None:
+            raise ConfigError(
+                "train.lr_halving.on_loss_rise", "compares the loss of one epoch with the previous one's, "
+                "and this config trains by steps (max_steps)", "train by epochs (max_epochs), or leave it unset",
+            )
+        return self
 
     @model_validator(mode="after")
     def _momentum_is_sgds(self) -> TrainConfig:
@@ -240,6 +257,9 @@ class RunSpec:
         wanted = [("train.curve_splits", n) for n in train.curve_splits]
         if sel.mode != "last":
             wanted.append(("train.selection.split", sel.split))
+        rise = train.lr_halving.on_loss_rise if train.lr_halving is not None else None
+        if rise is not None:
+            wanted.append(("train.lr_halving.on_loss_rise", rise))
         for field_name, split in wanted:
             if split not in roles:
                 raise ConfigError(
@@ -251,6 +271,12 @@ class RunSpec:
                 "train.selection.split",
                 f"split {sel.split!r} has role {roles[sel.split]!r}: selecting on it would leak it",
                 f"select on a val or val_ood split: {choices or '(the task has none; use mode: last)'}",
+            )
+        if rise is not None and roles[rise] not in ("val", "val_ood"):
+            choices = ", ".join(n for n, r in roles.items() if r in ("val", "val_ood"))
+            raise ConfigError(
+                "train.lr_halving.on_loss_rise", f"split {rise!r} has role {roles[rise]!r}: training on "
+                "its loss would leak it", f"use a val or val_ood split: {choices or '(the task has none)'}",
             )
 
 

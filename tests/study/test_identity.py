@@ -34,8 +34,8 @@ PINNED = {
     "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],
     "sutskever2014": ["4cc21a4168a0b359"],  # 06ab600dff85979f before the fidelity fixes
     "tiny_cluster": ["0c7e92a70f29f30b"],
-    "weber2018": ["47dd079ef6735ecd"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
-    "weber2018_tune": ["47dd079ef6735ecd"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences
+    "weber2018": ["14b09893334957a7"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences; f5fc75ecee43564a before the fidelity fixes
+    "weber2018_tune": ["14b09893334957a7"],  # d2f1484e3fd46ece before OpenNMT-py's stopping split, lr decay and dropout placement; 769e99719d5418a3 before input feeding and sum / sentences
     "xu2023_xor": ["f76ac5b4f57a6143", "4e2f01aeebeaf2ad", "fd45220ca74668fa", "302a3c34d6e7d693",
                    "af6e84b0f7f37fe3", "ddce5916ea7fc14e"],
     "zhou2023_hints_gpu": ["63ddccf2471de4b3", "6ddfcfd5084ba099"],
