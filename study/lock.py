@@ -48,8 +48,12 @@ def _details(fd: int) -> dict[str, Any] | None:
 
 def _holder(fd: int) -> str:
     """The running holder as ``pid P on HOST (since T: COMMAND)``, from the lock file."""
-    info = _details(fd)
-    if info is None:
+    return _described(_details(fd))
+
+
+def _described(info: dict[str, Any] | None) -> str:
+    """Holder details as ``pid P on HOST (since T: COMMAND)``."""
+    if not info:
         return "another process (its details are not written yet)"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["started"])))
     return f"pid {info['pid']} on {info['host']} (since {since}: {info['command']})"
@@ -123,10 +127,11 @@ def _forget(lock: Path, created: list[Path]) -> None:
             return
 
 
-def _probe(out: Path, name: str) -> tuple[bool, str | None] | None:
+def _probe(out: Path, name: str) -> tuple[bool, dict[str, Any] | None] | None:
     """(held, holder details) of study ``name``'s lock, taking it for an instant when it is
     free (never waiting, never creating the file); details None when the file is empty (the
-    last holder ended normally). None when there is no lock file."""
+    last holder ended normally), ``{}`` when they cannot be read. None when there is no lock
+    file."""
     path = Path(out) / name / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -136,8 +141,8 @@ def _probe(out: Path, name: str) -> tuple[bool, str | None] | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return True, _holder(fd)
-        return False, (_holder(fd) if os.pread(fd, 1, 0) else None)
+            return True, _details(fd) or {}
+        return False, ((_details(fd) or {}) if os.pread(fd, 1, 0) else None)
     finally:
         os.close(fd)
 
@@ -145,7 +150,7 @@ def _probe(out: Path, name: str) -> tuple[bool, str | None] | None:
 def writer(out: Path, name: str) -> str | None:
     """Who holds study ``name``'s lock now (``pid P on HOST (since T: COMMAND)``), or None."""
     probe = _probe(out, name)
-    return probe[1] if probe is not None and probe[0] else None
+    return _described(probe[1]) if probe is not None and probe[0] else None
 
 
 def killed_holder(out: Path, name: str) -> str | None:
@@ -154,22 +159,11 @@ def killed_holder(out: Path, name: str) -> str | None:
     the file, which every other ending clears), as ``pid P on HOST (since T: COMMAND)``;
     None while a driver holds the lock, or when the last one ended normally."""
     probe = _probe(out, name)
-    return probe[1] if probe is not None and not probe[0] else None
+    return _described(probe[1]) if probe is not None and not probe[0] and probe[1] is not None else None
 
 
 def holder_info(out: Path, name: str) -> dict[str, Any] | None:
     """The details (pid, host, started, command) of the driver holding study ``name``'s lock
     now, or None when none holds it (or it has not written them yet)."""
-    path = Path(out) / name / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return _details(fd)
-        return None
-    finally:
-        os.close(fd)
+    probe = _probe(out, name)
+    return (probe[1] or None) if probe is not None and probe[0] else None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -35,6 +36,42 @@ CONFIG = {
 }
 
 
+def study_env() -> dict[str, str]:
+    """A `study` subprocess's environment: this Python's, no usage stats."""
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
+    return env | {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def first_commit_of(
+    tmp_path: Path, config: dict[str, Any], command: str = "run"
+) -> tuple[subprocess.Popen[str], Path, dict[int, Proc]]:
+    """``study COMMAND`` of ``config`` on a local Ray of one CPU, in a session of its own,
+    returned once its first seed has committed: (the driver, OUT, every process of its
+    family seen so far, by pid)."""
+    cfg = tmp_path / f"{config['name']}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    out = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "study.cli", command, str(cfg), "--out", str(out), "--num-cpus", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=study_env(), cwd=tmp_path,
+        start_new_session=True,
+    )
+    seen: dict[int, Proc] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while not committed(out, config["name"]):
+            seen.update(family(proc.pid))
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no seed was committed in time"
+            time.sleep(0.2)
+        seen.update(family(proc.pid))
+    except BaseException:
+        send(family(proc.pid).values(), signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
+    return proc, out, seen
+
+
 @pytest.mark.parametrize(
     ("sig", "to_group"),
     [
@@ -53,25 +90,8 @@ CONFIG = {
 def test_a_stopped_study_exits_nonzero_with_committed_counts_and_leaves_no_ray(
     tmp_path: Path, sig: signal.Signals, to_group: bool
 ) -> None:
-    cfg = tmp_path / "stopme.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))
-    out = tmp_path / "results"
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
-    env |= {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,
-    )
-    seen: dict[int, Proc] = {}
+    proc, out, seen = first_commit_of(tmp_path, CONFIG)
     try:
-        deadline = time.monotonic() + 240
-        while not committed(out, "stopme"):  # stop once the first seed is committed
-            seen.update(family(proc.pid))
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no seed was committed in time"
-            time.sleep(0.2)
-        seen.update(family(proc.pid))
         if to_group:  # the test's own session: the driver and the processes Ray started
             os.killpg(proc.pid, sig)
         else:

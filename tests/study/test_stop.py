@@ -16,58 +16,28 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
-from raycluster import Proc, family, send, still_alive
+from raycluster import family, send, still_alive
+from test_interrupt import CONFIG as STOPME
+from test_interrupt import SEEDS, first_commit_of, study_env
 
 from study import lock
 from study.steer import DRAINED_EXIT, STOP_FILE, StopRequest, request_stop
 from trainables.errors import StudyStateError
 from trainables.results import committed
 
-SEEDS = 6
-CONFIG = {
-    "name": "drainme",
-    "task": {"name": "symbol_rewriting", "n_symbols": 12, "train_size": 3000, "val_size": 40,
-             "val_ood_size": 40, "test_size": 40, "train_lengths": [2, 4], "val_ood_lengths": [2, 5],
-             "repeat_lengths": [3, 5], "short_lengths": [1, 2], "long_lengths": [5, 6]},
-    "model": {"name": "seq2seq", "emb_size": 8, "hidden_size": 8},
-    "train": {"optimizer": "sgd", "lr": 0.125, "clip_norm": 5.0, "batch_size": 16, "max_epochs": 3,
-              "selection": {"early_stop": False}},
-    "seeds": {"count": SEEDS},
-    "execution": {"bundle_size": 1, "report_every_s": 0.5},
-}
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")}
-    return env | {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+CONFIG = {**STOPME, "name": "drainme"}  # six one-seed bundles of a tiny symbol-rewriting config
 
 
 def _study(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "study.cli", *args], capture_output=True, text=True,
-                          env=_env(), cwd=cwd, timeout=120)
+                          env=study_env(), cwd=cwd, timeout=120)
 
 
 def test_study_stop_drains_a_running_study_and_it_exits_3_with_counts(tmp_path: Path) -> None:
-    cfg = tmp_path / "drainme.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))
-    out = tmp_path / "results"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
-        start_new_session=True,
-    )
-    seen: dict[int, Proc] = {}
+    proc, out, seen = first_commit_of(tmp_path, CONFIG)  # asked once the first seed is committed
     try:
-        deadline = time.monotonic() + 240
-        while not committed(out, "drainme"):  # ask once the first seed is committed
-            seen.update(family(proc.pid))
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no seed was committed in time"
-            time.sleep(0.2)
-        seen.update(family(proc.pid))
         asked = _study("stop", "drainme", "--out", str(out), cwd=tmp_path)
         at_request = len(committed(out, "drainme"))
         _, stderr = proc.communicate(timeout=180)
@@ -173,21 +143,9 @@ def test_study_stop_drains_a_tuning_search_and_resume_finishes_it(tmp_path: Path
     from study.manifest import storage_url
 
     trials = 8
-    cfg = tmp_path / "tdrain.yaml"
-    cfg.write_text(yaml.safe_dump({**TUNING, "name": "tdrain", "tune": {**TUNING["tune"], "trials": trials,
-                                                                         "sequential": True}}))
-    out = tmp_path / "results"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "study.cli", "tune", str(cfg), "--out", str(out), "--num-cpus", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
-        start_new_session=True,
-    )
+    config = {**TUNING, "name": "tdrain", "tune": {**TUNING["tune"], "trials": trials, "sequential": True}}
+    proc, out, _ = first_commit_of(tmp_path, config, "tune")  # the first candidate's seeds are committing
     try:
-        deadline = time.monotonic() + 240
-        while not committed(out, "tdrain"):  # the first candidate's seeds are committing
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no seed was committed in time"
-            time.sleep(0.2)
         asked = _study("stop", "tdrain", "--out", str(out), cwd=tmp_path)
         _, stderr = proc.communicate(timeout=180)
     finally:
