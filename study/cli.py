@@ -140,8 +140,12 @@ def run(
 
 def _finished(name: str, out: Path, counts: dict[str, int]) -> str:
     """The last line of a finished `study run` / `study resume`: counts and what to run next."""
+    from study.status import FAILED, committed_runs
+
+    failed = sum(status == FAILED for status in committed_runs(out, name).values())
+    recorded = f", {failed} of them recorded as failed" if failed else ""
     return (
-        f"study {name}: {counts['done']}/{counts['planned']} runs committed "
+        f"study {name}: {counts['done']}/{counts['planned']} runs committed{recorded} "
         f"({counts['ran']} run now) -> {out}/tables. Next: study analyze {name} --out {out}; "
         f"study report {name} --out {out}; study status {name} --out {out}"
     )
@@ -198,8 +202,10 @@ def resume(
 
         if skip_failed or retry_failed:
             raise ConfigError("--skip-failed" if skip_failed else "--retry-failed",
-                              f"{name} is a tuning study: a failed candidate is a FAIL trial of its Optuna "
-                              "search, re-asked with the same params on resume", "resume it without the flag")
+                              f"{name} is a tuning study: a failed candidate stays a FAIL trial of its Optuna "
+                              "search, and a resume asks Optuna for new candidates in its place",
+                              "resume it without the flag (to train a failed candidate's config again, run it "
+                              "as a seed study, or enqueue it in a new search: tune.enqueue)")
         if seeds is not None:
             raise ConfigError("--seeds", f"{name} is a tuning study: its seeds per candidate are part of "
                               "its search", f"run a seed study of its best candidate: `study run --from-best "
@@ -688,15 +694,21 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default: ``sys.argv[1:]``) and return its exit code.
 
     Exit codes: 0 done; 1 a study ran but is incomplete (failed runs) or an OS error (e.g. a
-    full disk); 2 the input was refused (nothing ran, OUT untouched); 130 / 143 stopped by
+    full disk); 2 the input was refused (nothing ran, OUT untouched); 3 stopped by `study
+    stop` (its line starts ``stopped:``); 130 / 143 stopped by
     SIGINT / SIGTERM / SIGHUP (committed runs kept). Every error is one ``error: ...`` line on stderr
     naming the field and the fix, never a traceback (except for a bug in fineline)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = _command().main(args=args, prog_name="study", standalone_mode=False)
     except FinelineError as exc:
-        typer.echo(error_line(str(exc)), err=True)
-        return int(getattr(exc, "exit_code", 2))
+        code = int(getattr(exc, "exit_code", 2))
+        line = error_line(str(exc))
+        from study.steer import DRAINED_EXIT
+
+        # a stop the user asked for (`study stop`) is no error
+        typer.echo(line.replace("error: ", "stopped: ", 1) if code == DRAINED_EXIT else line, err=True)
+        return code
     except typer.Abort:
         typer.echo(error_line("interrupted; committed runs are kept. Fix: re-run the same command"), err=True)
         return 130

@@ -11,18 +11,21 @@ failed run has no metrics). ``study resume NAME --retry-failed`` removes those r
 the seeds run again (:func:`retry_failed`).
 
 Both run under the study's lock, before the resume plans its units. A recorded failure is
-one ``runs`` file, written atomically like every commit, that names no other file.
+a commit like any other (:func:`trainables.results.commit_seed`): empty ``metrics``,
+``evals`` and ``predictions`` files, then its ``runs`` row naming them, so the views and
+``study check`` find every file a commit names.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 from study.config import StudyConfig
 from study.plan import seedsets
 from study.status import FAILED, committed_runs, last_run, still_failed
-from trainables.results import fsync_dir, readable, table_dir, write_rows
+from trainables.results import commit_seed, fsync_dir, readable, table_dir
 
 
 def record_failed(cfg: StudyConfig, out: Path, name: str) -> dict[str, list[int]]:
@@ -39,12 +42,12 @@ def record_failed(cfg: StudyConfig, out: Path, name: str) -> dict[str, list[int]
             s = sources.get(trial_id, {}).get(index)
             if s is None:
                 continue
-            write_rows(out, name, "runs", f"{trial_id}-{index}", [{
-                "trial_id": trial_id, "unit_id": None, "seed": index, "init_seed": s.init_seed,
+            commit_seed(out, name, trial_id, index, {}, {  # empty metrics, evals, predictions files
+                "study": name, "trial_id": trial_id, "unit_id": None, "seed": index, "init_seed": s.init_seed,
                 "order_seed": s.order_seed, "dropout_seed": s.dropout_seed, "data_seed": s.data_seed,
-                "status": FAILED, "committed_at": now, "files": "[]",
+                "status": FAILED, "committed_at": now,
                 "error": str(unit.get("error") or "failed (no cause recorded)"),
-            }])
+            })
             recorded.setdefault(trial_id, []).append(index)
     return recorded
 
@@ -55,11 +58,12 @@ def retry_failed(out: Path, name: str) -> dict[str, list[int]]:
     folder = table_dir(out, "runs", name)
     removed: dict[str, list[int]] = {}
     for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
-        t = readable(path, ["trial_id", "seed", "status"])
+        t = readable(path, ["trial_id", "seed", "status", "files"])
         rows = t.to_pylist() if t is not None else []
         if len(rows) == 1 and rows[0]["status"] == FAILED:
-            path.unlink()
+            path.unlink()  # the commit marker first: its (empty) files are then uncommitted leftovers
+            fsync_dir(folder)
+            for f in json.loads(rows[0]["files"] or "[]"):
+                (Path(out) / f["path"]).unlink(missing_ok=True)
             removed.setdefault(str(rows[0]["trial_id"]), []).append(int(rows[0]["seed"]))
-    if removed:
-        fsync_dir(folder)
     return removed

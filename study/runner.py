@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from study import manifest as manifest_mod
@@ -587,7 +588,7 @@ def _run_locked(
     planned, done = committed_counts(cfg, out, name)
     have = committed(out, name) if failed_units else set()
     lost = [
-        {"trial_id": f.payload["trial_id"], "point": f.payload["point_json"], "error": f.error,
+        {"trial_id": f.payload["trial_id"], "point": f.payload["point_json"], "error": f.error, "refused": f.refused,
          "seeds": [s["index"] for s in f.payload["seeds"] if (f.payload["trial_id"], s["index"]) not in have]}
         for f in failed_units
     ]
@@ -612,7 +613,7 @@ def _run_locked(
             kept = ""
         elif failed_units:
             why = why or f"{len(failed_units)} trial(s) failed (errors above)"
-            fix = f"fix the cause shown above, then {resume}"
+            fix = f"fix the cause shown above, then {resume}; or record the failing seeds as failed runs: {resume} --skip-failed"
         code = stops.exit_code if interrupted and stops else DRAINED_EXIT if drained and not failed_units else 1
         raise StudyIncomplete(incomplete_line(name, counts, why or "incomplete", f"{fix}{kept}"), code)
     return counts
@@ -737,7 +738,8 @@ def launch(
         for i in sorted(set(callback.failed_units))
     ]
     for text, indices in failures_by_cause(callback.failures).items():
-        console.print(f"[red]{failed_units_text(indices, points)}:[/red] {text}", soft_wrap=True, highlight=False)
+        console.print(f"[red]{escape(failed_units_text(indices, points))}:[/red] {escape(text)}", soft_wrap=True,
+                      highlight=False)  # escaped: an error's own [brackets] are not markup
     if not failed and (SIGNALS is None or SIGNALS.received is None):
         shutil.rmtree(storage, ignore_errors=True)
     return failed

@@ -75,24 +75,29 @@ def still_failed(record: dict[str, Any] | None, runs: dict[tuple[str, int], str]
 
 def last_run_lines(out: Path, name: str, labels: dict[str, str], runs: dict[tuple[str, int], str]) -> list[str]:
     """The last run's failures and stop, as lines under the status table: one line per cause
-    (seeds still uncommitted, the grid points by ``labels``: trial_id -> label) and one for
-    an early stop. Failed seeds committed since (``runs``: :func:`committed_runs`) are no
-    longer named."""
+    (the seeds still uncommitted, by grid point: ``labels``, trial_id -> label), what to do
+    about them, and one line for an early stop. Failed seeds committed since (``runs``:
+    :func:`committed_runs`) are no longer named."""
     record = last_run(out, name)
     if record is None:
         return []
-    causes: dict[str, tuple[int, list[str]]] = {}  # error -> (seeds still uncommitted, points)
+    causes: dict[str, dict[str, list[int]]] = {}  # error -> trial_id -> seeds still uncommitted
+    retry = False  # a failure that resuming may mend (a refused config is refused again)
     for unit, seeds in still_failed(record, runs):
-        if not seeds:
-            continue
-        error, label = str(unit.get("error", "")), labels.get(str(unit.get("trial_id")), "")
-        count, points = causes.get(error, (0, []))
-        causes[error] = (count + len(seeds), points + ([label] if label and label not in points else []))
+        if seeds:
+            by_trial = causes.setdefault(str(unit.get("error", "")), {})
+            by_trial.setdefault(str(unit.get("trial_id")), []).extend(seeds)
+            retry = retry or not unit.get("refused", False)
     when = _ended(record)
     lines = []
-    for error, (count, points) in causes.items():
-        named = "; ".join(points[:3]) + ("; ..." if len(points) > 3 else "")
-        lines.append(f"last run (ended {when}): {count} seed(s) failed{f' ({named})' if named else ''}: {error}")
+    for error, by_trial in causes.items():
+        count = sum(map(len, by_trial.values()))
+        shown = dict(list(by_trial.items())[:3])
+        named = seeds_text(shown, labels) + ("; ..." if len(by_trial) > 3 else "")
+        lines.append(f"last run (ended {when}): {count} seed(s) failed ({named}): {error}")
+    if retry:
+        lines.append(f"then: fix the cause and `study resume {name} --out {out}` runs them again; or `study resume "
+                     f"{name} --out {out} --skip-failed` records them as failed runs (not run again)")
     return lines + _stop_line(record)
 
 
@@ -101,11 +106,13 @@ FAILED = "failed"
 
 
 def seeds_text(by_trial: dict[str, list[int]], labels: dict[str, str]) -> str:
-    """``lr=0.5: seeds 3, 7; lr=1: seed 2`` (``labels``: trial_id -> grid point label)."""
+    """``lr=0.5: seeds 3, 7; lr=1: seed 2`` (``labels``: trial_id -> grid point label; a
+    config without one is named by its trial_id, one labelled "" not at all)."""
     parts = []
     for trial_id, seeds in sorted(by_trial.items()):
-        label = labels.get(trial_id) or trial_id
-        parts.append(f"{label}: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}")
+        label = labels.get(trial_id, trial_id)
+        listed = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}"
+        parts.append(f"{label}: {listed}" if label else listed)
     return "; ".join(parts)
 
 

@@ -55,6 +55,9 @@ def request_stop(out: Path, name: str, now: bool = False) -> str:
     :class:`StudyStateError` when no driver runs the study, or when ``now`` and the driver
     runs on another machine."""
     folder = Path(out) / name
+    if not folder.is_dir():
+        raise StudyStateError(f"no study {name!r} in {out}. Fix: check the name and --out (`study ls --out {out}` "
+                              "lists the studies there)")
     info = lock.holder_info(out, name)
     if info is None:
         raise StudyStateError(

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from study import manifest as manifest_mod
 from study.config import StudyConfig, check_name
 from study.failures import MEMORY_FIX, REFUSED_FIX, failed_trials, failure_text
@@ -340,7 +342,7 @@ def _tune_locked(
     causes = []
     for text, n in texts.items():
         what = f"{one} failed" if n == 1 else f"{n} {many} failed"
-        console.print(f"[red]{what}:[/red] {text}", soft_wrap=True, highlight=False)
+        console.print(f"[red]{what}:[/red] {escape(text)}", soft_wrap=True, highlight=False)  # its [brackets] are text
         causes.append({"error": text, "line": f"{what}: {text}"})
     after = optuna.load_study(study_name=name, storage=storage)
     done = finished_count(after)

@@ -289,7 +289,7 @@ def rehearse(spec: RunSpec, task: Task, data: TaskData) -> None:
     )
     raw = spec.to_dict()
     n_train = len(small.train)
-    raw["train"].update(max_steps=1, eval_every_steps=1, max_epochs=1, snapshot_epochs=[],
+    raw["train"].update(max_steps=1, eval_every_steps=1, max_epochs=1, snapshot_epochs=[], lr_halving=None,
                         batch_size=max(1, min(spec.train.batch_size, n_train)),
                         eval_batch_size=ROWS)
     short = RunSpec.from_dict(raw)

@@ -41,12 +41,16 @@ def test_a_seed_that_keeps_failing_is_recorded_then_run_again(tmp_path: Path) ->
     first = study(cwd, "run", str(home / "study.yaml"), *base, "--num-cpus", "1")
     assert first.returncode == 1, first.stderr
     assert "2/3 runs committed, 1 failed, 0 pending" in first.stderr, first.stderr
+    assert "study resume flaky --out" in first.stderr and "--skip-failed" in first.stderr  # both ways on
+    said = study(cwd, "status", "flaky", *base).stdout
+    assert "1 seed(s) failed (default: seed 1): " in said and "--skip-failed` records them" in said, said
 
     skipped = study(cwd, "resume", "flaky", *base, "--num-cpus", "1", "--skip-failed")
     assert skipped.returncode == 0, skipped.stderr
     assert "1 seed(s) the last run left failed recorded as failed runs, not run again (default: seed 1)" \
         in skipped.stderr, skipped.stderr
     assert "all 3 runs already committed" in skipped.stderr and "Ray started" not in skipped.stderr
+    assert "3/3 runs committed, 1 of them recorded as failed" in skipped.stdout, skipped.stdout
 
     status = study(cwd, "status", "flaky", *base, "--format", "json")
     (row,) = json.loads(status.stdout)
@@ -55,9 +59,11 @@ def test_a_seed_that_keeps_failing_is_recorded_then_run_again(tmp_path: Path) ->
     assert "study resume flaky --out " in status.stderr and "--retry-failed" in status.stderr
 
     runs = study(cwd, "sql", "SELECT seed, status, error, files FROM runs ORDER BY seed", *base, "--format", "json")
+    assert "missing" not in runs.stderr and "warning" not in runs.stderr, runs.stderr  # the commit names its files
     got = json.loads(runs.stdout)
     assert [(r["seed"], r["status"]) for r in got] == [(0, "ok"), (1, "failed"), (2, "ok")], got
-    assert "RuntimeError: no data for this seed" in got[1]["error"] and got[1]["files"] == "[]"
+    assert "RuntimeError: no data for this seed" in got[1]["error"]
+    assert [(f["table"], f["rows"]) for f in json.loads(got[1]["files"])] == [("metrics", 0), ("evals", 0), ("predictions", 0)]
     assert got[0]["error"] is None
     configs = study(cwd, "sql", "SELECT runs, ok, failed, status FROM configs", *base, "--format", "json")
     assert json.loads(configs.stdout) == [{"runs": 3, "ok": 2, "failed": 1, "status": "partial"}]
@@ -68,7 +74,9 @@ def test_a_seed_that_keeps_failing_is_recorded_then_run_again(tmp_path: Path) ->
     listed = study(cwd, "ls", *base, "--format", "json")
     assert json.loads(listed.stdout)[0]["failed"] == 1
     checked = study(cwd, "check", "flaky", *base)
-    assert checked.returncode == 0, checked.stdout + checked.stderr  # a recorded failure names no file
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # its empty files are verified
+    report = study(cwd, "report", "flaky", *base)
+    assert report.returncode == 0 and "warning" not in report.stderr, report.stderr
 
     retried = study(cwd, "resume", "flaky", *base, "--num-cpus", "1", "--retry-failed")
     assert retried.returncode == 1, retried.stderr  # it fails again, and is left uncommitted
@@ -76,3 +84,5 @@ def test_a_seed_that_keeps_failing_is_recorded_then_run_again(tmp_path: Path) ->
     assert "2/3 runs committed, 1 failed, 0 pending" in retried.stderr, retried.stderr
     again = study(cwd, "sql", "SELECT count(*) AS n FROM runs WHERE status = 'failed'", *base, "--format", "json")
     assert json.loads(again.stdout) == [{"n": 0}]
+    leftovers = sorted(p.name for p in (out / "tables").rglob("*-1.parquet"))
+    assert leftovers == [], leftovers  # the record's empty files went with it

@@ -118,8 +118,9 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     assert status.returncode == 0, status.stderr
     rows = {ln.split()[0]: ln.split() for ln in status.stdout.splitlines() if ln.startswith("batch_size=")}
     assert rows["batch_size=1000"][-2:] == ["2", "0"] and rows["batch_size=16"][-2:] == ["0", "0"], status.stdout
-    last = status.stdout.strip().splitlines()[-1]
-    assert re.match(rf"last run \(ended [0-9-]+ [0-9:]+ UTC\): 2 seed\(s\) failed \(batch_size=1000\): {re.escape(cause)}", last), last
+    last = status.stdout.strip().splitlines()[-1]  # no "then: ... resume" line: resuming refuses it again
+    assert re.match(rf"last run \(ended [0-9-]+ [0-9:]+ UTC\): 2 seed\(s\) failed \(batch_size=1000: seeds 0, 1\): "
+                    rf"{re.escape(cause)}", last), last
 
 
 def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_when_nothing_is_left(
@@ -141,9 +142,12 @@ def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_w
     labels = {"a": "lr=0.1", "b": "lr=0.2", "c": ""}
     lines = last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))
     assert [ln.split(": ", 1)[1] for ln in lines] == [
-        f"3 seed(s) failed (lr=0.1; lr=0.2): {boom}", "1 seed(s) failed: other. Fix: x", "interrupted by SIGINT"]
+        f"3 seed(s) failed (lr=0.1: seeds 0, 1; lr=0.2: seed 2): {boom}", "1 seed(s) failed (seed 0): other. Fix: x",
+        f"fix the cause and `study resume s --out {tmp_path}` runs them again; or `study resume s --out {tmp_path} "
+        "--skip-failed` records them as failed runs (not run again)", "interrupted by SIGINT"]
     write_rows(tmp_path, "s", "runs", "a-1", [{"study": "s", "trial_id": "a", "seed": 1, "status": "ok"}])
-    assert last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))[0].endswith(f"2 seed(s) failed (lr=0.1; lr=0.2): {boom}")
+    assert last_run_lines(tmp_path, "s", labels, committed_runs(tmp_path, "s"))[0].endswith(
+        f"2 seed(s) failed (lr=0.1: seed 0; lr=0.2: seed 2): {boom}")
     record_last_run(tmp_path, "s", [], None)
     assert not (tmp_path / "s" / LAST_RUN).exists() and last_run_lines(tmp_path, "s", labels, {}) == []
 

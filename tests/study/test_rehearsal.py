@@ -264,3 +264,17 @@ def test_a_plugin_model_the_meta_device_cannot_build_is_rehearsed_for_real(tmp_p
     (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, model={"name": "reads_values"}, seeds={"count": 1})))
     res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_plugin_pair_trained_with_a_loss_rise_schedule_is_rehearsed_and_runs(tmp_path: Path) -> None:
+    """Before: the rehearsal's one-step run (max_steps) refused ``lr_halving.on_loss_rise``,
+    blaming a max_steps the user never set."""
+    home, cwd = tmp_path / "study", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    (home / PLUGIN.name).write_text(PLUGIN.read_text())
+    halving = {"start_epoch": 8, "every_epochs": 1, "on_loss_rise": "val_ood"}
+    (home / "study.yaml").write_text(yaml.safe_dump(with_(BASE, train={"max_epochs": 2, "lr_halving": halving},
+                                                          seeds={"count": 1})))
+    res = study(cwd, "run", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
+    assert res.returncode == 0, res.stderr

@@ -54,6 +54,7 @@ def test_study_stop_drains_a_running_study_and_it_exits_3_with_counts(tmp_path: 
     assert proc.returncode == DRAINED_EXIT, (proc.returncode, stderr)
     assert "stop requested (study stop)" in stderr, stderr
     last = [ln for ln in stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith("stopped: study drainme: "), last  # asked for: not an "error:"
     match = re.search(r"(\d+)/(\d+) runs committed, (\d+) failed, (\d+) pending", last)
     assert match and (int(match[1]), int(match[2]), int(match[3]), int(match[4])) == (done, SEEDS, 0, SEEDS - done)
     assert "stopped by `study stop`" in last and f"study resume drainme --out {out}" in last, last
@@ -69,9 +70,11 @@ def test_study_stop_drains_a_running_study_and_it_exits_3_with_counts(tmp_path: 
 
 
 def test_stop_without_a_running_driver_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(StudyStateError, match=r"no driver is running study s1 .*study status s1"):
+    with pytest.raises(StudyStateError, match=r"no study 's1' in .*study ls --out"):
         request_stop(tmp_path, "s1")
     (tmp_path / "s1").mkdir()
+    with pytest.raises(StudyStateError, match=r"no driver is running study s1 .*study status s1"):
+        request_stop(tmp_path, "s1")
     with lock.study_lock(tmp_path, "s1"):
         pass  # a driver that ended: its lock file is left, released
     with pytest.raises(StudyStateError, match="no driver is running"):
