@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainables.errors import REFUSED, ConfigRefused, FinelineError, WorkerOutOfMemory
+from trainables.plugins import NOT_PLUGIN_CODE
 
 OUT_OF_MEMORY = "were killed due to the node running low on memory"
 """What Ray's out-of-memory report (``OutOfMemoryError``) says, in the text of a trial's error."""
@@ -92,7 +93,28 @@ def failure_text(error: BaseException) -> str:
     found = re.findall(rf"^(?:[\w.]+\.)?(?:{names}): (.+)$", str(error), flags=re.M)
     if found:
         return found[-1]
+    if setup := setup_error(error):
+        return setup
     return f"{type(error).__name__}: {str(error)[-2000:]}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.M)
+
+
+def setup_error(error: BaseException) -> str | None:
+    """An error raised while a trial's actor was created (its setup: the task's data, the
+    model), which Ray's ActorDiedError carries only as text with the worker's traceback, in
+    one line: ``RuntimeError: no data for this seed (at /path/task.py:107, in the trial's
+    setup)``, the place being the innermost frame outside Python's and the installed
+    libraries' and fineline's own files. None for any other error."""
+    text = _ANSI.sub("", str(error))
+    if "raised in its creation task" not in text:
+        return None
+    last = next((ln.strip() for ln in reversed(text.strip().splitlines()) if ln.strip()), "")
+    frames = [(f, n) for f, n in _FRAME.findall(text) if not f.startswith(NOT_PLUGIN_CODE)]
+    where = f"at {frames[-1][0]}:{frames[-1][1]}, " if frames else ""
+    return f"{last} ({where}in the trial's setup)"
 
 
 class TrialErrors(logging.Filter):
@@ -125,18 +147,24 @@ class TrialErrors(logging.Filter):
 
 def worker_died(error: BaseException) -> bool:
     """Whether ``error`` is Ray's word that a trial's worker process died (SIGKILL, its node
-    lost): not the trial's own error, so its traceback says nothing."""
+    lost): not the trial's own error, so its traceback says nothing. (An error raised in the
+    trial's setup also comes as Ray's ActorDiedError: that one is the trial's own.)"""
     from ray.exceptions import ActorDiedError
 
-    return any(isinstance(cause, ActorDiedError) for cause in unwrapped(error))
+    chain = unwrapped(error)
+    return any(isinstance(cause, ActorDiedError) for cause in chain) and not any(
+        setup_error(cause) is not None for cause in [error, *chain])
 
 
 def one_line(error: BaseException) -> bool:
-    """Whether :func:`failure_text` gives ``error`` as fineline's own line: a FinelineError or
-    Ray's memory kill, however Ray wrapped it."""
+    """Whether :func:`failure_text` gives ``error`` as fineline's own line: a FinelineError,
+    Ray's memory kill or an error in a trial's setup (:func:`setup_error`), however Ray
+    wrapped it."""
     from ray.exceptions import OutOfMemoryError
 
-    return any(isinstance(cause, FinelineError | OutOfMemoryError) for cause in unwrapped(error))
+    chain = unwrapped(error)
+    return any(isinstance(cause, FinelineError | OutOfMemoryError) for cause in chain) or any(
+        setup_error(cause) is not None for cause in [error, *chain])
 
 
 def unwrapped(error: BaseException) -> list[BaseException]:

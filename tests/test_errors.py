@@ -4,6 +4,7 @@ driver as itself, not as Ray's UnserializableException)."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,20 @@ def test_a_workers_fineline_error_is_printed_as_its_one_line() -> None:
     setup_tb = tb.replace("ValueError: shapes (3,) and (4,) differ", f"trainables.errors.ConfigError: {cause}")
     died = ActorDiedError(RayTaskError("__init__", setup_tb, cause))
     assert failure_text(died) == str(cause)
-    assert failure_text(ActorDiedError(other)).startswith("ActorDiedError: ")
+    # any other error raised there: its own last line and the innermost frame of the user's
+    # code (not Python's, a library's or fineline's), without the traceback Ray keeps as text
+    assert failure_text(ActorDiedError(other)) == "ValueError: shapes (3,) and (4,) differ (at m.py:3, in the trial's setup)"
+    import ray
+
+    import trainables
+
+    lib, own = Path(ray.__file__).parent / "tune" / "trainable" / "trainable.py", Path(trainables.__file__).parent / "trainable.py"
+    frames = (f'  File "{lib}", line 151, in __init__\n  File "{own}", line 181, in _data\n'
+              '  File "/tmp/study/my_task.py", line 7, in build\n    raise RuntimeError("no data")\n'
+              f'  File "{lib}", line 9, in helper\n')
+    died = ActorDiedError(RayTaskError("__init__", f"Traceback (most recent call last):\n{frames}RuntimeError: no data",
+                                       RuntimeError("no data")))
+    assert failure_text(died) == "RuntimeError: no data (at /tmp/study/my_task.py:7, in the trial's setup)"
 
 
 def test_tunes_failed_trial_log_keeps_each_error_and_drops_only_the_tracebacks_fineline_says_itself() -> None:

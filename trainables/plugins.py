@@ -191,6 +191,9 @@ def _dist(ep: md.EntryPoint) -> str:
 
 _FINELINE = tuple(str(Path(__file__).resolve().parents[1] / d) + "/" for d in ("trainables", "study", "analysis"))
 _LIBRARY = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) + "/" for k in ("stdlib", "purelib", "platlib"))
+NOT_PLUGIN_CODE = _FINELINE + _LIBRARY
+"""Path prefixes of code that is neither a plugin's nor a user's: fineline's packages, the
+standard library and the installed libraries."""
 
 
 def plugin_frame(exc: BaseException, tops: Sequence[str]) -> traceback.FrameSummary | None:
@@ -203,7 +206,7 @@ def plugin_frame(exc: BaseException, tops: Sequence[str]) -> traceback.FrameSumm
     for f, path in frames:
         if any(f"/{t}/" in path or path.endswith(f"/{t}.py") for t in tops if t):
             return f
-    return next((f for f, path in frames if not path.startswith(_FINELINE + _LIBRARY)), None)
+    return next((f for f, path in frames if not path.startswith(NOT_PLUGIN_CODE)), None)
 
 
 def _last_frame(exc: BaseException, module: str) -> str:
