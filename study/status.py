@@ -213,7 +213,8 @@ CANDIDATE_STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"
 def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
     """One dict per candidate of tuning study ``name`` (manifest ``m``), from its Optuna
     storage in ``out``: candidate (Optuna's number), point (its parameters, JSON), trial_id,
-    state (complete, pruned, failed, running, waiting), objective (a complete candidate's),
+    state (complete, pruned, failed, running, waiting; interrupted: Optuna's RUNNING while no
+    driver runs the study, which a resume settles), objective (a complete candidate's),
     planned (its seeds), done, ok, diverged, not_learned (its committed runs: ``runs``, from
     :func:`committed_runs`), failed (a failed candidate's uncommitted seeds) and pending (a
     running or waiting one's). Imports Optuna (a seed study's status does not)."""
@@ -227,6 +228,9 @@ def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str,
     study = optuna.load_study(study_name=name, storage=manifest.storage_url(out, name))
     per_candidate = int((m.get("tune") or {}).get("seeds_per_candidate") or 0)
     by_trial = _by_config(runs)
+    from study.lock import writer
+
+    driving = writer(out, name) is not None  # without a driver, a RUNNING candidate was interrupted
     rows = []
     for t in study.get_trials(deepcopy=False):
         trial_id = str(t.user_attrs.get("trial_id", ""))
@@ -234,6 +238,8 @@ def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str,
         counts = by_trial.get(trial_id, {})
         done = sum(counts.values())
         state = CANDIDATE_STATES.get(t.state.name, t.state.name.lower())
+        if state == "running" and not driving:
+            state = "interrupted"  # Optuna still says RUNNING: a resume settles it from Parquet
         left = max(0, planned - done)
         rows.append({
             "candidate": t.number,
@@ -248,7 +254,7 @@ def tuning_status(out: Path, name: str, m: dict[str, Any], runs: dict[tuple[str,
             "diverged": counts.get("diverged", 0),
             "not_learned": counts.get("not_learned", 0),
             "failed": left if state == "failed" else 0,
-            "pending": left if state in ("running", "waiting") else 0,
+            "pending": left if state in ("running", "waiting", "interrupted") else 0,
         })
     return rows
 
@@ -269,6 +275,9 @@ def tuning_lines(
     parts = [f"{by_state[s]} {s}" for s in ("complete", "pruned") if by_state.get(s)]
     line = (f"search: {finished}{of} candidates finished ({', '.join(parts) or 'none yet'}), "
             f"{by_state.get('failed', 0)} failed, {by_state.get('running', 0) + by_state.get('waiting', 0)} running or waiting")
+    if by_state.get("interrupted"):
+        line += (f", {by_state['interrupted']} interrupted (the driver stopped while they ran; "
+                 f"`study resume {name} --out {out}` settles them from the committed seeds)")
     lines = [line]
     objective = m.get("objective") or {}
     scored = [r for r in rows if r["state"] == "complete" and r["objective"] is not None

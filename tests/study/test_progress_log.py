@@ -181,3 +181,28 @@ def test_a_tuning_searchs_lines_name_its_progress_its_best_candidate_and_the_las
     lines = tuning_lines(tmp_path, "t", rows, m, labels)
     assert lines[1] == "best so far: candidate 0 (lr=0.1): val_ood accuracy 0.5 (minimize)"
     assert lines[2].endswith("): candidate failed: boom") and lines[3].endswith("stopped early: interrupted by SIGINT")
+
+
+def test_a_running_candidate_without_a_driver_is_shown_as_interrupted(tmp_path: Path) -> None:
+    """Before: after a driver was stopped (`study stop --now`, a kill), `study status` showed a
+    candidate Optuna still holds as RUNNING as "running", with no driver left to run it."""
+    import optuna
+
+    from study import manifest
+    from study.lock import study_lock
+    from study.status import tuning_lines, tuning_status
+
+    (tmp_path / "t").mkdir()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    search = optuna.create_study(study_name="t", storage=manifest.storage_url(tmp_path, "t"))
+    trial = search.ask({"train.lr": optuna.distributions.FloatDistribution(0.01, 1.0)})
+    trial.set_user_attr("trial_id", "abc")
+    trial.set_user_attr("seeds", [0, 1])
+    m = {"tune": {"seeds_per_candidate": 2}, "tune_trials": 3}
+    rows = tuning_status(tmp_path, "t", m, {})
+    assert (rows[0]["state"], rows[0]["pending"]) == ("interrupted", 2)
+    line = tuning_lines(tmp_path, "t", rows, m, {})[0]
+    assert line.endswith(f"0 running or waiting, 1 interrupted (the driver stopped while they ran; `study resume t "
+                         f"--out {tmp_path}` settles them from the committed seeds)"), line
+    with study_lock(tmp_path, "t"):  # a driver runs it now
+        assert tuning_status(tmp_path, "t", m, {})[0]["state"] == "running"
