@@ -752,7 +752,7 @@ def test_a_folder_given_as_the_study_file_is_called_a_folder(tmp_path: Path) -> 
 
 OUT_ARGS: dict[str, list[str]] = {
     "run": ["CONFIG"], "tune": ["CONFIG"], "resume": ["s"], "eval": ["s"], "status": ["s"], "analyze": ["s"],
-    "report": ["s"], "check": [], "ls": [], "sql": ["SELECT 1"],
+    "report": ["s"], "check": [], "ls": [], "sql": ["SELECT 1"], "stop": ["s"],
 }
 """Each command that takes --out, with the arguments it needs besides."""
 
