@@ -65,6 +65,7 @@ class ProgressCallback(Callback):
         emit: Emit | None = None,
         every_s: float = 60.0,
         trial_errors: Mapping[str, BaseException] | None = None,
+        retries: int = 2,
     ) -> None:
         self.progress, self.emit = progress, emit
         self.title, self.total, self.done = title, total, done
@@ -80,6 +81,8 @@ class ProgressCallback(Callback):
         gives it, or the worker's refusal of its config (:data:`trainables.errors.REFUSED`)."""
         self.refused: set[int] = set()
         """Indices of the failed units whose config their worker refused (never retried)."""
+        self.retries = retries
+        """``execution.max_failures``: how often Tune retried a trial before it failed."""
         self.trial_errors: Mapping[str, BaseException] = trial_errors if trial_errors is not None else {}
         """Each failed trial's exception by its name, as Tune logged it (``study.failures.TrialErrors``)."""
         self.metric = ""
@@ -201,7 +204,8 @@ class ProgressCallback(Callback):
 
         error = trial_error(trial, self.trial_errors)
         text = failure_text(error) if error is not None else IN_RAYS_LOG
-        self._failed(trial, text, "failed after its retries")
+        tries = f"after {self.retries} retr{'y' if self.retries == 1 else 'ies'}" if self.retries else "(no retries)"
+        self._failed(trial, text, f"failed {tries}")
 
     def _failed(self, trial: Any, text: str, how: str) -> None:
         """A unit failed: its seeds count as failed (the ETA stops waiting for them), its

@@ -700,14 +700,15 @@ def launch(
     if console.is_terminal:
         progress: Progress | None = progress_bar(console)
         callback = ProgressCallback(
-            f"{title}: seeds", planned, already, sizes, points, progress=progress, trial_errors=errors.errors
+            f"{title}: seeds", planned, already, sizes, points, progress=progress, trial_errors=errors.errors,
+            retries=ex.max_failures,
         )
     else:  # a log: lines, not a bar
         progress = None
         callback = ProgressCallback(
             title, planned, already, sizes, points, every_s=ex.progress_every_s,
             emit=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False),
-            trial_errors=errors.errors,
+            trial_errors=errors.errors, retries=ex.max_failures,
         )
 
     tuner = tune.Tuner(

@@ -210,9 +210,13 @@ def ray_classes() -> tuple[type, type]:
         def __init__(self, total: int, done: int, space_keys: list[str]) -> None:
             self.total, self.done, self.keys = total, done, space_keys
 
+        def params(self, trial: Any) -> str:
+            """The candidate's searched values, e.g. ``train.lr=0.125 model.dropout=0.1``."""
+            return " ".join(f"{k}={trial.config.get(k, math.nan):.4g}" for k in self.keys)
+
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             r = trial.last_result or {}
-            params = " ".join(f"{k}={trial.config.get(k, math.nan):.4g}" for k in self.keys)
+            params = self.params(trial)
             if REFUSED in r:  # its error is printed with the others when the search ends
                 say(f"[red]candidate {params} failed: its config was refused (not retried)[/red]")
                 return
@@ -224,7 +228,7 @@ def ray_classes() -> tuple[type, type]:
             say(f"candidate {self.done}/{self.total}: {params} -> {what}")
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            say(f"[red]candidate {trial} failed after its retries[/red] (error below)")
+            say(f"[red]candidate {self.params(trial)} failed[/red] (its error below)")
 
     return FinelineSearch, CandidateLog
 

@@ -114,9 +114,12 @@ def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
     cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)
     trial = Trial("fineline", config={"unit_index": 1}, stub=True)
     cb.on_trial_error(1, [trial], trial)  # a stub trial: Tune wrote no error file beside it
-    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after its retries: "
+    assert lines == ["study g: a trial of 3 seed(s) (model.width=33) failed after 2 retries: "
                      "the error is in Ray's log above"]
     assert cb.failures == {1: "the error is in Ray's log above"} and cb.failed == 3
+    once = ProgressCallback("study g", 6, 0, [3, 3], ["", ""], emit=lines.append, retries=0)
+    once.on_trial_error(1, [trial], trial)  # execution.max_failures: 0 (it said "after its retries")
+    assert lines[-1] == "study g: a trial of 3 seed(s) failed (no retries): the error is in Ray's log above"
 
 
 def test_a_refused_unit_fails_at_its_one_result_and_a_shared_cause_is_said_once() -> None:
