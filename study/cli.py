@@ -140,9 +140,7 @@ def run(
 
 def _finished(name: str, out: Path, counts: dict[str, int]) -> str:
     """The last line of a finished `study run` / `study resume`: counts and what to run next."""
-    from study.status import FAILED, committed_runs
-
-    failed = sum(status == FAILED for status in committed_runs(out, name).values())
+    failed = counts.get("recorded_failed", 0)
     recorded = f", {failed} of them recorded as failed" if failed else ""
     return (
         f"study {name}: {counts['done']}/{counts['planned']} runs committed{recorded} "

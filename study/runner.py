@@ -46,7 +46,7 @@ from study.preflight import (
     sync_auth_mode,
     warn_cluster_resources,
 )
-from study.status import record_last_run
+from study.status import FAILED, committed_runs, record_last_run
 from study.steer import DRAINED_EXIT, StopRequest
 from trainables.errors import ConfigError, StudyIncomplete, WorkerOutOfMemory
 from trainables.plugins import shippable
@@ -435,15 +435,18 @@ def check_bundles(cfg: StudyConfig) -> None:
             )
 
 
-def committed_counts(cfg: StudyConfig, out: Path, name: str) -> tuple[int, int]:
-    """(planned, committed) runs of ``cfg`` in ``out``, read from the Parquet ``runs`` rows."""
-    done = committed(out, name)
-    planned = hit = 0
+def committed_counts(cfg: StudyConfig, out: Path, name: str) -> tuple[int, int, int]:
+    """(planned, committed, of those recorded as failed) runs of ``cfg`` in ``out``, read from
+    the Parquet ``runs`` rows (``study resume --skip-failed`` records failures)."""
+    done = committed_runs(out, name)
+    planned = hit = failed = 0
     for point in cfg.points:
         for s in seedsets(point):
             planned += 1
-            hit += (point.trial_id, s.index) in done
-    return planned, hit
+            status = done.get((point.trial_id, s.index))
+            hit += status is not None
+            failed += status == FAILED
+    return planned, hit, failed
 
 
 def recorded_study(out: Path, name: str, m: dict[str, Any]) -> tuple[StudyConfig, dict[str, Any]]:
@@ -472,7 +475,7 @@ def head_lost(cfg: StudyConfig, name: str, out: Path, address: str | None) -> Ca
     why the run stopped (``study status``), clears its lock record, and exits 1 at once."""
 
     def lost(why: str) -> None:
-        planned, done = committed_counts(cfg, out, name)
+        planned, done, _ = committed_counts(cfg, out, name)
         counts = {"planned": planned, "done": done, "failed": 0, "pending": planned - done}
         stopped = f"lost the Ray cluster: {why}"
         with contextlib.suppress(Exception):
@@ -513,7 +516,8 @@ def run_study(
     failed_seeds: Literal["skip", "retry"] | None = None,
 ) -> dict[str, int]:
     """Run (or resume) a seed/grid study; returns counts ``planned``, ``done`` (committed),
-    ``ran``, ``failed``, ``pending``, all read from Parquet after the run. ``failed_seeds``: first
+    ``ran``, ``failed``, ``pending``, ``recorded_failed`` (committed runs recorded as failed),
+    all read from Parquet after the run. ``failed_seeds``: first
     record the seeds the last run left failed as failed runs (``skip``), or remove those
     records so the seeds run again (``retry``): :mod:`study.failed_runs`.
 
@@ -554,7 +558,8 @@ def _run_locked(
     request = StopRequest(out, name)  # a request left from an earlier run is not for this one
     if not units:
         console.print(f"[green]study {name}: all {planned} runs already committed[/green]")
-        return {"planned": planned, "done": already, "ran": 0, "failed": 0}
+        planned, already, recorded = committed_counts(cfg, out, name)
+        return {"planned": planned, "done": already, "ran": 0, "failed": 0, "recorded_failed": recorded}
     failed_units: list[FailedUnit] = []
     stops: StopSignals | None = None
     oom: WorkerOutOfMemory | None = None
@@ -585,7 +590,7 @@ def _run_locked(
         oom = killed
     finally:
         request.clear()
-    planned, done = committed_counts(cfg, out, name)
+    planned, done, recorded = committed_counts(cfg, out, name)
     have = committed(out, name) if failed_units else set()
     lost = [
         {"trial_id": f.payload["trial_id"], "point": f.payload["point_json"], "error": f.error, "refused": f.refused,
@@ -594,7 +599,8 @@ def _run_locked(
     ]
     failed = sum(len(u["seeds"]) for u in lost)
     pending = planned - done - failed
-    counts = {"planned": planned, "done": done, "ran": done - already, "failed": failed, "pending": pending}
+    counts = {"planned": planned, "done": done, "ran": done - already, "failed": failed, "pending": pending,
+              "recorded_failed": recorded}
     interrupted = stops is not None and stops.received is not None
     refused = bool(failed_units) and all(f.refused for f in failed_units)
     drained = request.seen and not interrupted and oom is None and done < planned

@@ -7,8 +7,8 @@ runs and stores results that are wrong. :func:`rehearse` runs each pair once on 
 examples first, the same code path a trial takes, so such a mistake is one error naming
 the pair, the stage, the exception and the plugin's own line:
 
-1. the task's data (built once per task config by the caller) well formed
-   (:func:`check_task_data`: lengths, finite values, whole-number labels inside ``0 ..
+1. the task's data (built and checked once per plugin task config by the caller:
+   :func:`check_task_data`, lengths, finite values, whole-number labels inside ``0 ..
    n_classes - 1`` where a classification task's ``meta`` declares ``n_classes``);
 2. a bundle of two seeds on the first :data:`ROWS` examples of every split: one optimizer
    step, one evaluation round, then every split scored (:meth:`BundleRun.finalize`);
@@ -282,8 +282,8 @@ def _same_data(a: Any, b: Any) -> bool:
 
 def rehearse(spec: RunSpec, task: Task, data: TaskData) -> None:
     """Run ``spec`` (a plugin pair) on the first :data:`ROWS` examples of ``data`` (the task's
-    data for data seed 0), twice; see the module doc. Raises one ConfigError on a mistake."""
-    check_task_data(spec, data)
+    data for data seed 0, already checked by :func:`check_task_data` where the task is a
+    plugin's), twice; see the module doc. Raises one ConfigError on a mistake."""
     small = TaskData(
         splits={n: Split(n, s.role, head(s.data, ROWS)) for n, s in data.splits.items()}, meta=data.meta
     )
