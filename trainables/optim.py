@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from trainables.errors import ConfigError
+from trainables.runtime import to_device
 from trainables.spec import RunSpec, TrainConfig
 
 PER_MEMBER: dict[str, tuple[str, str]] = {
@@ -196,7 +197,7 @@ def clip_grad_norms_(grads: Sequence[Tensor], hp: MemberHparams) -> None:
         assert clip[0] is not None
         coef = (clip[0] / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # (K,)
     else:
-        c = torch.tensor([math.inf if v is None else v for v in clip], dtype=sq.dtype, device=sq.device)
+        c = to_device(torch.tensor([math.inf if v is None else v for v in clip], dtype=sq.dtype), sq.device)
         coef = ((sq.sqrt() + 1e-6).reciprocal() * c).clamp(max=1.0)  # what `c / t` computes
         coef = torch.where(torch.isinf(c), torch.ones_like(coef), coef)
     for g in grads:
@@ -207,19 +208,25 @@ def clip_grad_norms_(grads: Sequence[Tensor], hp: MemberHparams) -> None:
 
 
 class _Rows:
-    """Per-member values as ``(K, 1, ...)`` tensors of a parameter's dtype, made once per
-    step and dtype (values computed in float64, cast once, as torch casts a Python number)."""
+    """Per-member values as ``(K, 1, ...)`` tensors of a parameter's dtype (values computed
+    in float64, cast once, as torch casts a Python number). Kept across steps while the
+    values hold (a learning rate changes at an epoch's end), and sent to a GPU without
+    waiting (:func:`~trainables.runtime.to_device`): a copy from pageable memory every step
+    made the host wait for the GPU at each step."""
 
     def __init__(self) -> None:
-        self.cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+        self.cache: dict[tuple[str, torch.dtype, torch.device], tuple[tuple[float, ...], Tensor]] = {}
+        self.made = 0
+        """Tensors made so far (a new one only where the values changed)."""
 
     def __call__(self, name: str, values: Sequence[float], like: Tensor) -> Tensor:
-        key = (name, like.dtype, like.device)
-        t = self.cache.get(key)
-        if t is None:
-            t = torch.tensor(list(values), dtype=torch.float64, device=like.device).to(like.dtype)
-            self.cache[key] = t
-        return t.view(-1, *([1] * (like.dim() - 1)))
+        key, values = (name, like.dtype, like.device), tuple(values)
+        hit = self.cache.get(key)
+        if hit is None or hit[0] != values:
+            hit = (values, to_device(torch.tensor(values, dtype=torch.float64), like.device).to(like.dtype))
+            self.cache[key] = hit
+            self.made += 1
+        return hit[1].view(-1, *([1] * (like.dim() - 1)))
 
 
 def _scalar_dtype() -> torch.dtype:
@@ -242,6 +249,8 @@ class BundledOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"a bundled optimizer of {k} members takes (K={k}, ...) parameters, got {tuple(p.shape)}")
         super().__init__(params, {"lr": hparams.lr[0]})
         self.hparams = hparams
+        self.rows = _Rows()
+        """Per-member values as tensors, made when they change (see :class:`_Rows`)."""
         self.lr_factor: float | tuple[float, ...] = 1.0
         """The schedule's factor on every member's learning rate, or one per row
         (``train.lr_halving``)."""
@@ -301,7 +310,7 @@ class BundledSGD(BundledOptimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = self._closure(closure)
-        hp, shared, rows = self.hparams, self.hparams.shared, _Rows()
+        hp, shared, rows = self.hparams, self.hparams.shared, self.rows
         lrs = self.lrs()
         use_momentum = "momentum" not in shared or hp.momentum[0] != 0
         for p in self._params():
@@ -344,7 +353,7 @@ class BundledAdam(BundledOptimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = self._closure(closure)
-        hp, shared, rows = self.hparams, self.hparams.shared, _Rows()
+        hp, shared, rows = self.hparams, self.hparams.shared, self.rows
         lrs = self.lrs()
         beta1s = [b[0] for b in hp.betas]
         beta2s = [b[1] for b in hp.betas]
@@ -383,11 +392,11 @@ class BundledAdam(BundledOptimizer):
             if betas_shared:
                 denom = (exp_avg_sq.sqrt() / bc2_sqrt[0]).add_(self.eps)
             else:
-                denom = (exp_avg_sq.sqrt() / rows(f"bc2_sqrt@{step}", bc2_sqrt, p)).add_(self.eps)
+                denom = (exp_avg_sq.sqrt() / rows("bc2_sqrt", bc2_sqrt, p)).add_(self.eps)
             if betas_shared and lr_shared:
                 p.addcdiv_(exp_avg, denom, value=-step_size[0])
             else:
-                neg_step = rows(f"neg_step@{step}", [-s for s in step_size], p)  # step counts
+                neg_step = rows("neg_step", [-s for s in step_size], p)  # step counts
                 p.addcdiv_(exp_avg * neg_step, denom)  # differ where a parameter once had no grad
         return loss
 

@@ -136,6 +136,14 @@ class Agreement:
     eight ulps of noise per step the worst pair stayed within 0.4% of the movement after 20
     steps, and 0.13% after 6, while a member one step short, with another learning rate or
     with another seed is off by 5% or more (``tests/test_contract_agreement.py``).
+
+    A ReLU's kink is the exception: a unit whose input sits at 0 is on in one run and off in
+    the other, and the weights it touches take a different step. On an H200 (2026-11-28) one
+    of 512 values of scan-transformer's ``blocks.1.mlp.fc.weight`` was 2.35% of the movement
+    off after 3 Adam steps, and eight ulps of noise on the CPU moved that same value by the
+    same 2.35% (64 ulps too: the kink, not the noise's size). So a few values of a tensor
+    (:attr:`stray_share`) may be off by up to :attr:`stray_of_movement`; a broken member moves
+    most of its values.
     """
 
     steps: int
@@ -145,33 +153,45 @@ class Agreement:
     of_movement: float | None
     """None: every value to 1e-5 of its tensor's largest value. A share: besides that, a
     difference up to this share of the largest move of the tensor from its initial values."""
+    stray_share: float = 0.0
+    """The share of a tensor's values (at least one, where above 0) that may differ by more
+    than :attr:`of_movement`, up to :attr:`stray_of_movement` (an activation's kink)."""
+    stray_of_movement: float = 0.0
+    """How far those few values may be off, as a share of the tensor's largest move."""
 
 
 AGREEMENT: dict[str, Agreement] = {
     "cpu": Agreement(steps=200, seed_steps=60, of_movement=None),
-    "cuda": Agreement(steps=20, seed_steps=20, of_movement=0.01),
+    "cuda": Agreement(steps=20, seed_steps=20, of_movement=0.01, stray_share=0.01, stray_of_movement=0.1),
 }
 """The agreement each device's contract suite holds bundles to (see :class:`Agreement`)."""
 
 
 def assert_states_close(
     mine: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], what: object,
-    start: Mapping[str, torch.Tensor] | None = None, of_movement: float | None = None,
+    start: Mapping[str, torch.Tensor] | None = None, rule: Agreement | None = None,
 ) -> None:
     """Two member states equal to 1e-5 of each tensor's largest value (the bundle tolerance);
-    with ``start`` (``ref``'s initial values) and ``of_movement``, also to that share of how
-    far ``ref`` moved from ``start`` (see :class:`Agreement`)."""
+    with ``start`` (``ref``'s initial values) and a ``rule`` with ``of_movement``, also to
+    that share of how far ``ref`` moved from ``start``, a few values to its
+    ``stray_of_movement`` (see :class:`Agreement`)."""
     assert mine.keys() == ref.keys(), what
     for name, value in mine.items():
         scale = ref[name].abs().max().clamp(min=1e-3)
-        allowed = 1e-5 * float(scale)
-        if start is not None and of_movement is not None:
-            allowed = max(allowed, of_movement * float((ref[name] - start[name]).abs().max()))
-        close = torch.isclose(value, ref[name], rtol=1e-5, atol=allowed)
-        assert bool(close.all()), (
-            what, name, f"{int((~close).sum())} of {close.numel()} values differ, by up to "
+        allowed = stray = 1e-5 * float(scale)
+        strays = 0
+        if start is not None and rule is not None and rule.of_movement is not None:
+            moved = float((ref[name] - start[name]).abs().max())
+            allowed = max(allowed, rule.of_movement * moved)
+            stray = max(allowed, rule.stray_of_movement * moved)
+            strays = max(1, int(rule.stray_share * value.numel())) if rule.stray_share > 0 else 0
+        off = ~torch.isclose(value, ref[name], rtol=1e-5, atol=allowed)
+        far = ~torch.isclose(value, ref[name], rtol=1e-5, atol=stray)
+        n_off = int(off.sum())
+        assert n_off <= strays and not bool(far.any()), (
+            what, name, f"{n_off} of {value.numel()} values differ, by up to "
             f"{float((value - ref[name]).abs().max()):.3g} (largest value {float(scale):.3g}, "
-            f"allowed {allowed:.3g})",
+            f"allowed {allowed:.3g}" + (f"; {strays} may differ up to {stray:.3g}" if strays else "") + ")",
         )
 
 
@@ -355,7 +375,7 @@ def contract_suite(
             """``mine`` equals ``lone``, the lone run of seed ``k`` trained with ``spec``, as
             the device's :data:`AGREEMENT` asks (on CUDA: against its move from its start)."""
             start = member_params(new_run(spec, [k], device, cuda_graphs=cuda_graphs), 0) if agree.of_movement else None
-            assert_states_close(mine, member_params(lone, 0), what, start, agree.of_movement)
+            assert_states_close(mine, member_params(lone, 0), what, start, agree)
 
         @param
         def test_bundle_member_equals_lone_run(self, task_cls: type[Task], model_cls: type[Model]) -> None:
