@@ -103,3 +103,11 @@ def test_grid_start_benchmark_checks_both_ways_give_every_unit_index_once_in_ord
     assert lines[0].split() == ["units", "grid_search", "sample_from", "ratio"]
     assert [line.split()[0] for line in lines[1:]] == ["40", "300"]
 
+
+
+def test_transformer_generation_benchmark_checks_the_tokens_and_prints_the_ratio_last() -> None:
+    lines = _run("benchmarks/transformer_generation.py", "--k", "2", "--steps", "5", "--repeats", "1",
+                 "--test-size", "4")
+    assert lines[-3].startswith("(a) uncached") and lines[-2].startswith("(b) cached")
+    match = re.search(r"generation \(a\)/\(b\) = ([0-9.]+)x$", lines[-1])
+    assert match and float(match.group(1)) > 0

@@ -21,8 +21,11 @@ generates until ``</s>`` (at most ``max_tgt_len + 1`` tokens; without ``eos``, e
 ``max_tgt_len``); the prediction is the tokens up to and including the first ``</s>``,
 which the task scores. *Oracle length* generates exactly ``len(tgt)`` tokens with ``</s>``
 ruled out (Zhou et al. 2023's "oracle length"); the model scores it as ``oracle_exact``
-(1 where all of them are the target). ``<pad>`` and ``<s>`` are never generated. There is
-no KV cache: each step runs the sequence so far (these sequences are short).
+(1 where all of them are the target). ``<pad>`` and ``<s>`` are never generated. Keys and
+values are cached: the prompt runs once, then each step runs one position per example (its
+last token, at that example's own position) against the cached keys and values, where the
+old loop ran the whole sequence so far at every step (``Transformer.generate``; the same
+tokens, tested).
 
 **Batches.** Right-padded (causal attention: padding after a position never reaches it).
 Training batches are padded to the longest example of the *split*, not of the batch, so
@@ -153,6 +156,22 @@ class CausalSelfAttention(nn.Module):
         y = (att @ v).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         return self.resid_drop(self.proj(y))  # type: ignore[no-any-return]
 
+    def cached(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Evaluation with a cache: ``x`` (B, T, d) at ``positions`` (B, T); its keys and
+        values written into ``keys`` / ``values`` (B, H, C, dh) at those positions, each query
+        attending to the cached positions up to its own. Returns (B, T, d) and the caches."""
+        b, t, d = x.shape
+        h = self.n_heads
+        q, k, v = (z(x).reshape(b, t, h, d // h).transpose(1, 2) for z in (self.q, self.k, self.v))  # (B, H, T, dh)
+        at = positions[:, None, :, None].expand(b, h, t, d // h)
+        keys, values = keys.scatter(2, at, k), values.scatter(2, at, v)  # (B, H, C, dh)
+        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))  # (B, H, T, C)
+        future = torch.arange(keys.shape[2], device=x.device) > positions[:, None, :, None]  # (B, 1, T, C)
+        y = (att.masked_fill(future, float("-inf")).softmax(dim=-1) @ values).transpose(1, 2).reshape(b, t, d)
+        return self.proj(y), keys, values
+
 
 class MLP(nn.Module):
     """(B, T, d) -> Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout."""
@@ -186,6 +205,14 @@ class Block(nn.Module):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))  # type: ignore[no-any-return]
 
+    def cached(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward` in evaluation, through :meth:`CausalSelfAttention.cached`."""
+        a, keys, values = self.attn.cached(self.ln1(x), keys, values, positions)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), keys, values
+
 
 class DecoderLM(nn.Module):
     """Token ids (B, T) -> next-token logits over the target vocabulary (B, T, vocab_out)."""
@@ -215,15 +242,34 @@ class DecoderLM(nn.Module):
                 residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers) if residual else 0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
+        start: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (B, T, vocab_out) of ``tokens`` (B, T) at positions 0..T-1; or, given
+        caches ``keys`` / ``values`` (L, B, H, C, dh) and ``start`` (B,) (evaluation only),
+        of ``tokens`` at positions ``start .. start + T - 1`` of each example, returned with
+        the caches holding their keys and values (see :meth:`CausalSelfAttention.cached`)."""
         t = tokens.shape[-1]
         x = self.tok(tokens)  # (B, T, d)
+        if keys is None:
+            if self.pos is not None:
+                x = x + self.pos.weight[:t]
+            x = self.drop(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln_f(x))  # type: ignore[no-any-return]
+        assert values is not None and start is not None, "a cached call takes keys, values and start"
+        positions = start[:, None] + torch.arange(t, device=tokens.device)  # (B, T)
         if self.pos is not None:
-            x = x + self.pos.weight[:t]
-        x = self.drop(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))  # type: ignore[no-any-return]
+            x = x + self.pos.weight[positions]
+        new_keys, new_values = [], []
+        for block, kc, vc in zip(self.blocks, keys.unbind(0), values.unbind(0), strict=True):
+            assert isinstance(block, Block)
+            x, kc, vc = block.cached(x, kc, vc, positions)
+            new_keys.append(kc)
+            new_values.append(vc)
+        return self.head(self.ln_f(x)), torch.stack(new_keys), torch.stack(new_values)
 
 
 # --- batches --------------------------------------------------------------------------------
@@ -454,15 +500,20 @@ class Transformer(PlainModel):
         steps = max(steps, 1)
         banned = [PAD, BOS] + ([EOS] if oracle or not cfg.eos else [])
         top = int(prompt.max()) if b else 1
-        cols = torch.arange(top + steps - 1, device=dev)
-        buf = F.pad(batch.inputs[..., :top], (0, steps - 1))  # (K|1, B, top + steps - 1)
-        buf = torch.where(cols < prompt[..., None], buf, 0)  # the prompt; answers go after it
+        cols = torch.arange(top, device=dev)
+        prompts = torch.where(cols < prompt[..., None], batch.inputs[..., :top], 0)  # (K|1, B, top)
+        if steps == 1 and first is not None:  # one token: the teacher-forced pass is the step
+            logits, keys, values = first, None, None
+        else:  # the prompt once, its keys and values cached for the steps after it
+            h = cfg.n_heads
+            cache = torch.zeros((1, cfg.n_layers, b, h, top + steps - 1, cfg.d_model // h), device=dev,
+                                dtype=next(self.parameters()).dtype)  # (1, L, B, H, C, dh)
+            logits, keys, values = self.run_members(prompts, cache, cache, torch.zeros_like(prompt))
         out = torch.zeros((k, b, steps), dtype=torch.int64, device=dev)
         ended = torch.zeros((k, b), dtype=torch.bool, device=dev)
+        at = (prompt - 1).clamp(min=0).expand(k, b)  # where each example's next token is read
         for i in range(steps):
-            logits = self.run_members(buf[..., : top + i]) if i or first is None else first  # (K, B, w, V)
-            pos = (prompt - 1 + i).clamp(min=0).expand(k, b)
-            last = logits.gather(2, pos[..., None, None].expand(k, b, 1, logits.shape[-1])).squeeze(2)
+            last = logits.gather(2, at[..., None, None].expand(k, b, 1, logits.shape[-1])).squeeze(2)
             last[..., banned] = float("-inf")
             tok = last.argmax(-1)  # (K, B)
             out[..., i] = tok
@@ -470,9 +521,10 @@ class Transformer(PlainModel):
             if i + 1 == steps or (not oracle and bool(ended.all())):
                 out = out[..., : i + 1]
                 break
-            if buf.shape[0] != k:
-                buf = buf.expand(k, *buf.shape[1:]).clone()
-            buf.scatter_(2, (prompt + i).expand(k, b)[..., None], (tok + self.offset)[..., None])
+            # the token just chosen, at its own position prompt + i: one position per example
+            assert keys is not None and values is not None
+            logits, keys, values = self.run_members((tok + self.offset)[..., None], keys, values, prompt + i)
+            at = torch.zeros_like(at)
         if oracle:
             return out, batch.tgt_len.expand(k, b)
         is_eos = out == EOS
