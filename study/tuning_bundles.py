@@ -176,7 +176,7 @@ def bundle_search_class() -> type:
                 self.done += 1
                 live = [m for m in numbers if m not in self._settled]
                 goes_on = f"its bundle goes on with {len(live)}" if live else "its bundle stops: none left"
-                say(f"candidate {self.done}/{self.total}: {_params_text(params)} -> pruned at "
+                say(f"{self.done}/{self.total} done: candidate {_params_text(params)} -> pruned at "
                      f"{result.get('at', step)} (objective {value:.4g}; {goes_on})")
             pruned = self._pruned.setdefault(trial_id, [])
             pruned.extend(newly)
@@ -206,7 +206,7 @@ def bundle_search_class() -> type:
                 self._study.tell(n, told_value(stats["objective"], str(self._block.direction)))
                 self._settled.add(n)
                 self.done += 1
-                say(f"candidate {self.done}/{self.total}: {_params_text(dict(self._trials[n].params))} -> "
+                say(f"{self.done}/{self.total} done: candidate {_params_text(dict(self._trials[n].params))} -> "
                      f"objective {stats['objective']:.4g} (std {stats['objective_std']:.3g}, "
                      f"{int(stats['objective_n'])} seeds; bundle of {len(numbers)})")
 

@@ -225,7 +225,7 @@ def ray_classes() -> tuple[type, type]:
                 what = f"objective {r['objective']:.4g} (std {r['objective_std']:.3g}, {int(r['objective_n'])} seeds)"
             else:
                 what = f"pruned at epoch {r.get('epoch')} (objective {r.get('objective', math.nan):.4g})"
-            say(f"candidate {self.done}/{self.total}: {params} -> {what}")
+            say(f"{self.done}/{self.total} done: candidate {params} -> {what}")
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             say(f"[red]candidate {self.params(trial)} failed[/red] (its error below)")

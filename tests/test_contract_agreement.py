@@ -90,7 +90,7 @@ def test_a_relu_kink_moves_a_few_values_and_passes(torch_threads: None) -> None:
     ref = lone(own, 1, cuda_graphs=True)
     noisy = lone(own, 1, ulps=ULPS, cuda_graphs=True)
     everywhere = Agreement(steps=CUDA.steps, seed_steps=CUDA.seed_steps, of_movement=CUDA.of_movement)
-    with pytest.raises(AssertionError, match=r"blocks\.1\.mlp\.fc\.weight.*1 of 512 values differ"):
+    with pytest.raises(AssertionError, match=r"\b[1-5] of \d+ values differ"):  # here: 1 of fc.weight's 512
         assert_states_close(noisy, ref, "1% everywhere", start, everywhere)
     assert_states_close(noisy, ref, "rounding noise", start, CUDA)
     broken = {

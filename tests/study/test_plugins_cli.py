@@ -5,6 +5,7 @@ line naming the field (or plugin) and the fix, and nothing written to OUT."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,10 @@ def test_a_search_over_a_study_files_plugin_trains_its_candidates(folders: tuple
     res = study(cwd, "tune", str(home / "study.yaml"), "--out", str(cwd / "results"), "--num-cpus", "1")
     assert res.returncode == 0, res.stderr
     assert "unknown task" not in res.stderr and res.stderr.count("-> objective") == 2, res.stderr
+    # a progress count, then the candidate by its values (`study status` numbers candidates from 0)
+    done = sorted(re.search(r"(\d/2) done: candidate train\.lr=", line).group(1)  # type: ignore[union-attr]
+                  for line in res.stderr.splitlines() if "-> objective" in line)
+    assert done == ["1/2", "2/2"], res.stderr
 
 
 def test_a_tuning_objective_metric_the_pair_does_not_score_is_refused_before_ray(
