@@ -109,5 +109,6 @@ def test_transformer_generation_benchmark_checks_the_tokens_and_prints_the_ratio
     lines = _run("benchmarks/transformer_generation.py", "--k", "2", "--steps", "5", "--repeats", "1",
                  "--test-size", "4")
     assert lines[-3].startswith("(a) uncached") and lines[-2].startswith("(b) cached")
+    assert re.fullmatch(r"tokens: the same in (\d+) of \1 generations", lines[-4]), lines[-4]
     match = re.search(r"generation \(a\)/\(b\) = ([0-9.]+)x$", lines[-1])
     assert match and float(match.group(1)) > 0
