@@ -1,8 +1,8 @@
 """Greedy generation of the bundled transformer with its key/value cache vs without, side by side.
 
 One bundle of ``--k`` seeds of a study config's first grid point (default
-``configs/zhou2023_length_cpu.yaml``), trained ``--steps`` steps so its members differ, then
-every test split evaluated's generation, free-running and with the oracle length, two ways in
+``configs/zhou2023_length_cpu.yaml``), trained ``--steps`` steps so its members differ, then the
+greedy generation of every test split, free-running and with the oracle length, two ways in
 one process, interleaved ``--repeats`` times:
 
   (a) before: every step runs the whole sequence so far through the bundle (the loop

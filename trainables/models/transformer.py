@@ -500,20 +500,19 @@ class Transformer(PlainModel):
         steps = max(steps, 1)
         banned = [PAD, BOS] + ([EOS] if oracle or not cfg.eos else [])
         top = int(prompt.max()) if b else 1
-        cols = torch.arange(top, device=dev)
-        prompts = torch.where(cols < prompt[..., None], batch.inputs[..., :top], 0)  # (K|1, B, top)
         if steps == 1 and first is not None:  # one token: the teacher-forced pass is the step
             logits, keys, values = first, None, None
-        else:  # the prompt once, its keys and values cached for the steps after it
+        else:  # the prompt once, its keys and values cached for the steps after it; what a
+            # shorter prompt's row holds past its end is overwritten before any query sees it
             h = cfg.n_heads
             cache = torch.zeros((1, cfg.n_layers, b, h, top + steps - 1, cfg.d_model // h), device=dev,
                                 dtype=next(self.parameters()).dtype)  # (1, L, B, H, C, dh)
-            logits, keys, values = self.run_members(prompts, cache, cache, torch.zeros_like(prompt))
+            logits, keys, values = self.run_members(batch.inputs[..., :top], cache, cache, torch.zeros_like(prompt))
         out = torch.zeros((k, b, steps), dtype=torch.int64, device=dev)
         ended = torch.zeros((k, b), dtype=torch.bool, device=dev)
-        at = (prompt - 1).clamp(min=0).expand(k, b)  # where each example's next token is read
+        at = (prompt - 1).clamp(min=0).expand(k, b)  # each example's last prompt position
+        last = logits.gather(2, at[..., None, None].expand(k, b, 1, logits.shape[-1])).squeeze(2)  # (K, B, V)
         for i in range(steps):
-            last = logits.gather(2, at[..., None, None].expand(k, b, 1, logits.shape[-1])).squeeze(2)
             last[..., banned] = float("-inf")
             tok = last.argmax(-1)  # (K, B)
             out[..., i] = tok
@@ -524,7 +523,7 @@ class Transformer(PlainModel):
             # the token just chosen, at its own position prompt + i: one position per example
             assert keys is not None and values is not None
             logits, keys, values = self.run_members((tok + self.offset)[..., None], keys, values, prompt + i)
-            at = torch.zeros_like(at)
+            last = logits[..., 0, :]
         if oracle:
             return out, batch.tgt_len.expand(k, b)
         is_eos = out == EOS
