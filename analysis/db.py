@@ -102,7 +102,7 @@ def trials_sql(source: str, runs: str) -> str:
 UNIT_COLUMNS = (
     "unit_id", "seeds", "seed", "status", "started_at", "ended_at", "node", "hostname",
     "git_sha", "versions_json", "bundle_size", "device", "bundling", "kernels", "kernel_flags",
-    "dropout_masks", "numerics",
+    "dropout_masks", "numerics", "train_s", "eval_s", "final_eval_s",
 )
 """``trials`` columns that describe one execution (unit), not the config: ``configs`` drops them."""
 

@@ -54,6 +54,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("kernel_flags", pa.string()),  # the kernels' compiler flags ("" for torch ops)
             ("dropout_masks", pa.string()),  # generator (a torch.Generator per member) or counter (execution.cuda_graphs)
             ("numerics", pa.string()),  # what decides float rounding besides the seeds: CPU, torch's code path, MKL_CBWR, threads (or GPU)
+            ("train_s", pa.float64()),  # the unit's seconds in training steps (kept across a resume from its checkpoint)
+            ("eval_s", pa.float64()),  # its seconds in evaluations during training (curves, selection)
+            ("final_eval_s", pa.float64()),  # its seconds in the final evaluation of every split
         ]
     ),
     "runs": pa.schema(

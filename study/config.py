@@ -102,7 +102,8 @@ class ExecutionConfig(FrozenConfig):
     installed; see docs/trackers.md). Empty: Parquet only."""
     progress_every_s: float = Field(60.0, gt=0)
     """Not on a terminal (a log): seconds between heartbeat lines of the study's progress
-    (seeds committed, running, their latest selection metric); on a terminal a live bar."""
+    (seeds committed, running, their latest selection metric, the seconds of the running
+    bundles' last round in training steps and in evaluation); on a terminal a live bar."""
     report_every_s: float = Field(2.0, gt=0)
     """Seconds of training between a trial's Tune results, each followed by a checkpoint, so
     a killed trial loses at most about this much work. Each result costs some milliseconds,

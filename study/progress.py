@@ -9,7 +9,10 @@ last one the seeds it committed, see ``FinelineTrainable.step``).
   the time left; nothing stale is left once the study ends.
 * Not on a terminal (nohup, a batch job, CI): a line when Ray has started, a line per
   committed seed (grid point, seed, status, selected epoch, selection metric), and a
-  heartbeat line every ``execution.progress_every_s`` seconds with the same summary.
+  heartbeat line every ``execution.progress_every_s`` seconds with the same summary and the
+  running bundles' last round: seconds in training steps and in evaluation (where a slow
+  study's time goes; each unit's totals land in ``trials``: ``train_s``, ``eval_s``,
+  ``final_eval_s``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Running:
     active: int = 0
     values: list[float] = field(default_factory=list)
     """The selection metric of its running seeds (median and range are shown)."""
+    round_s: tuple[float, float] | None = None
+    """Its last round's seconds: training steps, evaluation (where a slow study's time goes)."""
 
 
 class ProgressCallback(Callback):
@@ -103,8 +108,16 @@ class ProgressCallback(Callback):
 
     # ----------------------------------------------------------------- summary
     def summary(self) -> str:
-        """``done/total committed, N running (epoch e), metric median [min, max]``."""
-        return ", ".join([f"{self.done}/{self.total} seeds committed", *self._state()])
+        """``done/total committed, N running (epoch e), metric median [min, max], last round:
+        train t s + eval e s`` (the round's times: the median over the running bundles)."""
+        return ", ".join([f"{self.done}/{self.total} seeds committed", *self._state(), *self._round_times()])
+
+    def _round_times(self) -> list[str]:
+        times = [r.round_s for r in self.running.values() if r.round_s is not None]
+        if not times:
+            return []
+        train, evaluation = (statistics.median(t[i] for t in times) for i in (0, 1))
+        return [f"last round: train {_seconds(train)} + eval {_seconds(evaluation)}"]
 
     def info(self) -> str:
         """The bar's text: failed seeds, running bundles and their metric (no committed count:
@@ -168,7 +181,11 @@ class ProgressCallback(Callback):
             return
         values = result.get("sel_values") or []
         self.metric = result.get("sel_metric", self.metric)
-        self.running[trial.trial_id] = Running(str(result.get("at", "")), int(result.get("active", 0)), list(values))
+        times = result.get("round_s")
+        self.running[trial.trial_id] = Running(
+            str(result.get("at", "")), int(result.get("active", 0)), list(values),
+            (float(times[0]), float(times[1])) if times else None,
+        )
         self.wave = max(self.wave, sum(r.active for r in self.running.values()))
         committed = result.get("committed_seeds") or []
         before, self.done = self.done, self.done + len(committed)  # a bundle's seeds commit together:
@@ -225,6 +242,16 @@ class ProgressCallback(Callback):
 
 def _number(at: str) -> int:
     return int(at.split()[-1]) if at.split() and at.split()[-1].isdigit() else 0
+
+
+def _seconds(seconds: float) -> str:
+    """``0.42 s``, ``12 s``, ``3 min 05 s``: a duration short enough for a progress line."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s"
 
 
 def _clock(seconds: float) -> str:

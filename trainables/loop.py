@@ -212,6 +212,13 @@ class BundleRun:
         self.rounds = 0
         self.streams: list[tuple[np.ndarray, int]] = [(np.empty(0, np.int64), 0)] * len(self.members)
         self.wall_s = 0.0
+        """Seconds in :meth:`train_round` (training steps and the rounds' evaluations)."""
+        self.eval_s = 0.0
+        """Of :attr:`wall_s`, the seconds in the rounds' evaluations (curves, selection)."""
+        self.final_eval_s = 0.0
+        """Seconds in :meth:`finalize`'s evaluation of every split."""
+        self.round_s = (0.0, 0.0)
+        """The last round's seconds: training steps, evaluation (shown in progress lines)."""
         self.last_eval: dict[str, list[dict[str, float]]] = {}
         self._check_splits()
 
@@ -365,7 +372,8 @@ class BundleRun:
         if not self.step_based:
             self.epoch += 1
         epoch = None if self.step_based else self.epoch
-        objective = (loss_sum / max(n_examples, 1)).tolist()
+        objective = (loss_sum / max(n_examples, 1)).tolist()  # waits for the device's steps
+        t1 = time.perf_counter()
         for row, k in enumerate(self.slots):
             m = self.members[k]
             if running[k]:
@@ -373,12 +381,16 @@ class BundleRun:
                 m.metrics.append(self._row(m, epoch, "train", "train", "objective", objective[row]))
         self._evaluate_round(running, epoch)
         self._compact()
-        self.wall_s += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.round_s = (t1 - t0, t2 - t1)
+        self.wall_s += t2 - t0
+        self.eval_s += t2 - t1
         return {
             "epoch": self.epoch,
             "step": self.step,
             "active": sum(m.active for m in self.members),
             "objective": float(np.nanmean(objective)) if n_examples else float("nan"),
+            "round_s": list(self.round_s),
         }
 
     def _mark_diverged(self, bad: torch.Tensor) -> None:
@@ -549,6 +561,7 @@ class BundleRun:
         Returns one dict per member with ``metrics``, ``evals`` and ``predictions`` rows
         (without study/trial columns) and a ``run`` summary.
         """
+        t0 = time.perf_counter()
         self._restore_all_members()
         for k, m in enumerate(self.members):
             if m.best_params is not None:
@@ -567,6 +580,7 @@ class BundleRun:
                 "status": status, "selected_epoch": m.best_epoch, "selected_step": m.best_step,
                 "epochs_run": m.rounds_run,
             }]
+        self.final_eval_s = time.perf_counter() - t0
         return out
 
     def split_rows(self, name: str, split: Split, members: Sequence[int]) -> dict[int, dict[str, Rows]]:
@@ -609,6 +623,7 @@ class BundleRun:
             "order": [r.bit_generator.state for r in self.order_rngs],
             "streams": self.streams,
             "counters": (self.epoch, self.step, self.rounds, self.wall_s),
+            "eval_s": self.eval_s,
             "members": [m.__dict__.copy() for m in self.members],
             "slots": list(self.slots),
         }
@@ -627,6 +642,7 @@ class BundleRun:
             r.bit_generator.state = s
         self.streams = state["streams"]
         self.epoch, self.step, self.rounds, self.wall_s = state["counters"]
+        self.eval_s = state.get("eval_s", 0.0)  # absent from checkpoints before it
         for m, d in zip(self.members, state["members"], strict=True):
             m.__dict__.update(d)
 

@@ -366,6 +366,7 @@ class FinelineTrainable(tune.Trainable):
                 "kernels": getattr(run.model, "kernels", "torch"), "kernel_flags": getattr(run.model, "kernel_flags", ""),
                 "dropout_masks": "counter" if run.noise.positional else "generator",
                 "numerics": float_path,
+                "train_s": run.wall_s - run.eval_s, "eval_s": run.eval_s, "final_eval_s": run.final_eval_s,
                 **cfg.get("flat", {}), **final, **bundle,
                 **({"optuna_number": int(number)} if number is not None else {}),
             }

@@ -66,6 +66,11 @@ def test_run_lands_one_eval_row_per_seed_split_metric(finished: tuple[Path, Path
     assert all(t["train_lr"] == 0.125 and t["dropout_masks"] == "generator" for t in trials)
     here = f"{cpu_model()}; torch {torch.backends.cpu.get_cpu_capability()}; "
     assert all(t["numerics"].startswith(here) and t["numerics"].endswith("; 1 thread") for t in trials)
+    # where each unit's time went, each part measured (> 0), the runs' wall_s their training part
+    timed = sql(out, "SELECT t.unit_id, t.train_s, t.eval_s, t.final_eval_s, max(r.wall_s) AS wall_s, "
+                     "min(r.wall_s) AS wall_min FROM trials t JOIN runs r USING (study, unit_id) GROUP BY ALL")
+    assert len(timed) == 2 and all(min(t["train_s"], t["eval_s"], t["final_eval_s"]) > 0 for t in timed), timed
+    assert all(t["wall_s"] == t["wall_min"] and t["wall_s"] == pytest.approx(t["train_s"] + t["eval_s"]) for t in timed)
     curves = sql(out, "SELECT DISTINCT epoch FROM metrics WHERE split = 'val' AND metric = 'accuracy' ORDER BY 1")
     assert [c["epoch"] for c in curves] == [1, 2]
     preds = sql(out, "SELECT split, count(*) AS n FROM predictions WHERE seed = 0 GROUP BY split ORDER BY split")

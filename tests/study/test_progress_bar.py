@@ -109,6 +109,26 @@ def test_a_stopped_study_leaves_no_running_bundle_on_the_bar() -> None:
     assert re.search(r"1/4 +\d:\d\d:\d\d eta -:--:--$", line), line
 
 
+def test_a_heartbeat_says_where_the_running_bundles_last_round_went() -> None:
+    """Training steps vs evaluation of the last round, the median over the bundles running
+    (what says whether a slow study waits on its steps or on its evaluations); a bundle that
+    has not reported a round yet adds nothing, and a committed one leaves the median."""
+    lines: list[str] = []
+    cb = ProgressCallback("study t", 9, 0, [3, 3, 3], ["", "", ""], emit=lines.append, every_s=0.0)
+    trials = [Trial("fineline", config={"unit_index": i}, stub=True) for i in range(3)]
+    cb.on_trial_result(1, trials, trials[0], {**RUNNING, "round_s": [1.0, 3.0]})
+    assert lines[-1].endswith("val accuracy 0.97 [0.9123, 0.9871], last round: train 1 s + eval 3 s (0:00:00)"), lines
+    cb.on_trial_result(1, trials, trials[1], {**RUNNING, "round_s": [3.0, 95.0]})
+    cb.on_trial_result(1, trials, trials[2], RUNNING)  # no round timed (a result from before it was kept)
+    assert "last round: train 2 s + eval 49 s (0:00:00)" in lines[-1], lines[-1]
+    cb.on_trial_result(1, trials, trials[1], {**RUNNING, "round_s": [30.0, 125.0], "committed_seeds": [
+        {"seed": s, "status": "ok", "selected": "epoch 1", "value": 0.9} for s in range(3)]})
+    cb.on_step_end(1, trials)
+    assert lines[-1].split(", last round: ")[1].startswith("train 1 s + eval 3 s"), lines[-1]
+    cb.on_trial_result(1, trials, trials[0], {**RUNNING, "round_s": [0.123, 200.0]})
+    assert "last round: train 0.12 s + eval 3 min 20 s" in lines[-1], lines[-1]
+
+
 def test_a_failed_trial_line_in_a_log_names_its_grid_point() -> None:
     lines: list[str] = []
     cb = ProgressCallback("study g", 6, 0, [3, 3], ["model.width=32", "model.width=33"], emit=lines.append)

@@ -44,6 +44,8 @@ def test_a_study_logged_to_a_file_prints_ray_start_each_seed_heartbeats_and_next
     assert seeds[-1].endswith("eta 0:00:00)"), seeds
     beats = [ln for ln in lines if re.match(r"study logged: \d/4 seeds committed.*\(\d+:\d\d:\d\d\)$", ln)]
     assert beats, f"no heartbeat line in:\n{text}"
+    timed = [ln for ln in beats if re.search(r", last round: train [0-9.]+ s \+ eval [0-9.]+ s \(", ln)]
+    assert timed, f"no heartbeat says where the rounds' time went:\n{text}"
     assert lines[-1].startswith("study logged: 4/4 runs committed") and "Next: study analyze logged" in lines[-1]
     assert "study report logged" in lines[-1] and "SELECT ..." not in lines[-1], "next commands, no placeholder"
     assert "━" not in text and "\x1b[" not in text, "no terminal bar or escape codes in a log"
