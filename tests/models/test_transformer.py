@@ -175,26 +175,30 @@ def test_greedy_generation_free_running_and_oracle_equal_a_reference_decoder() -
 
 @pytest.mark.parametrize(("pos", "layer_norm"), [("learned", True), ("none", False)])
 def test_cached_steps_give_the_logits_of_the_whole_sequence(pos: str, layer_norm: bool) -> None:
-    """The cached call that generation uses: prompts of 2-5 tokens (padding after the
-    shorter ones, overwritten as their answers grow), then one token per example per step
-    at that example's own position; each step's logits equal those a full forward of the
-    sequence so far gives at that position (Nanda et al.'s init: weights large enough that
-    attending one position too far shows)."""
+    """The cached call that generation uses: prompts of 2-5 tokens (padded to 5: slots the
+    mask hides), then one token per example per step at that example's own position, its
+    keys and values cached in the slot after the last (all examples alike); each step's
+    logits equal those a full forward of the sequence so far gives at that position
+    (Nanda et al.'s init: weights large enough that attending one slot too many shows)."""
     cfg = TransformerConfig(d_model=16, n_heads=2, n_layers=2, d_ff=32, pos=pos, layer_norm=layer_norm, init="nanda")
     torch.manual_seed(0)
     net = DecoderLM(cfg, vocab_in=12, vocab_out=7, context=12).eval()
     prompt = torch.tensor([2, 5, 3, 4])  # (B,)
     steps, top, b = 6, 5, 4
     seqs = torch.randint(1, 12, (b, top + steps))  # each row: its prompt, then its "answer"
-    cache = torch.zeros(cfg.n_layers, b, cfg.n_heads, top + steps, cfg.d_model // cfg.n_heads)
+    keys = torch.zeros(cfg.n_layers, b, cfg.n_heads, top + steps, cfg.d_model // cfg.n_heads)
+    values = torch.zeros_like(keys)
+    slots = torch.arange(top + steps)
     padded = torch.where(torch.arange(top) < prompt[:, None], seqs[:, :top], 0)
     with torch.no_grad():
-        logits, keys, values = net(padded, cache, cache, torch.zeros(b, dtype=torch.int64))
+        logits, keys[..., :top, :], values[..., :top, :] = net(
+            padded, keys[..., :0, :], values[..., :0, :], torch.zeros(b, 0, dtype=torch.bool), torch.zeros_like(prompt))
         got = [logits[torch.arange(b), prompt - 1]]
         for i in range(steps):
-            at = prompt + i  # each example's next position
-            fed = seqs[torch.arange(b), at]
-            logits, keys, values = net(fed[:, None], keys, values, at)
+            fed = seqs[torch.arange(b), prompt + i]  # each example's next token, at its own position
+            visible = (slots < prompt[:, None]) | ((slots >= top) & (slots < top + i))
+            logits, keys[..., top + i : top + i + 1, :], values[..., top + i : top + i + 1, :] = net(
+                fed[:, None], keys, values, visible, prompt + i)
             got.append(logits[:, 0])
         for e in range(b):
             n = int(prompt[e])

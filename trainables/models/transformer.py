@@ -157,20 +157,24 @@ class CausalSelfAttention(nn.Module):
         return self.resid_drop(self.proj(y))  # type: ignore[no-any-return]
 
     def cached(
-        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Evaluation with a cache: ``x`` (B, T, d) at ``positions`` (B, T); its keys and
-        values written into ``keys`` / ``values`` (B, H, C, dh) at those positions, each query
-        attending to the cached positions up to its own. Returns (B, T, d) and the caches."""
+        """Evaluation with a cache: ``x`` (B, T, d), new tokens in order, attending causally
+        to each other and to the cached ``keys`` / ``values`` (B, H, C, dh) where ``visible``
+        (B, C) is true. Returns (B, T, d) and the new tokens' keys and values (B, H, T, dh),
+        for the caller to cache (nothing here writes the cache: a write inside the bundle's
+        vmap was either a copy of the whole cache per token or a slow in-place fallback)."""
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = (z(x).reshape(b, t, h, d // h).transpose(1, 2) for z in (self.q, self.k, self.v))  # (B, H, T, dh)
-        at = positions[:, None, :, None].expand(b, h, t, d // h)
-        keys, values = keys.scatter(2, at, k), values.scatter(2, at, v)  # (B, H, C, dh)
-        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))  # (B, H, T, C)
-        future = torch.arange(keys.shape[2], device=x.device) > positions[:, None, :, None]  # (B, 1, T, C)
-        y = (att.masked_fill(future, float("-inf")).softmax(dim=-1) @ values).transpose(1, 2).reshape(b, t, d)
-        return self.proj(y), keys, values
+        scale = 1.0 / math.sqrt(d // h)
+        old = (q @ keys.transpose(-2, -1) * scale).masked_fill(~visible[:, None, None, :], float("-inf"))  # (B, H, T, C)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        new = (q @ k.transpose(-2, -1) * scale).masked_fill(future, float("-inf"))  # (B, H, T, T)
+        att = torch.cat([old, new], dim=-1).softmax(dim=-1)  # one softmax over cache and new tokens
+        c = keys.shape[2]
+        y = (att[..., :c] @ values + att[..., c:] @ v).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
+        return self.proj(y), k, v
 
 
 class MLP(nn.Module):
@@ -206,12 +210,12 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))  # type: ignore[no-any-return]
 
     def cached(
-        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`forward` in evaluation, through :meth:`CausalSelfAttention.cached`."""
-        a, keys, values = self.attn.cached(self.ln1(x), keys, values, positions)
+        a, k, v = self.attn.cached(self.ln1(x), keys, values, visible)
         x = x + a
-        return x + self.mlp(self.ln2(x)), keys, values
+        return x + self.mlp(self.ln2(x)), k, v
 
 
 class DecoderLM(nn.Module):
@@ -244,12 +248,14 @@ class DecoderLM(nn.Module):
 
     def forward(
         self, tokens: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
-        start: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None, start: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (B, T, vocab_out) of ``tokens`` (B, T) at positions 0..T-1; or, given
-        caches ``keys`` / ``values`` (L, B, H, C, dh) and ``start`` (B,) (evaluation only),
-        of ``tokens`` at positions ``start .. start + T - 1`` of each example, returned with
-        the caches holding their keys and values (see :meth:`CausalSelfAttention.cached`)."""
+        """Logits (B, T, vocab_out) of ``tokens`` (B, T) at positions 0..T-1; or, given a
+        cache (evaluation only: ``keys`` / ``values`` (L, B, H, C, dh), the slots ``visible``
+        (B, C) to each example, and ``start`` (B,)), of ``tokens`` at positions ``start ..
+        start + T - 1``, attending to the visible slots and causally to each other, returned
+        with their keys and values (L, B, H, T, dh) for the caller to cache. Slot order does
+        not matter (positions are in the embeddings, the mask says who sees what)."""
         t = tokens.shape[-1]
         x = self.tok(tokens)  # (B, T, d)
         if keys is None:
@@ -259,16 +265,15 @@ class DecoderLM(nn.Module):
             for block in self.blocks:
                 x = block(x)
             return self.head(self.ln_f(x))  # type: ignore[no-any-return]
-        assert values is not None and start is not None, "a cached call takes keys, values and start"
-        positions = start[:, None] + torch.arange(t, device=tokens.device)  # (B, T)
+        assert values is not None and visible is not None and start is not None, "a cached call takes all four"
         if self.pos is not None:
-            x = x + self.pos.weight[positions]
+            x = x + self.pos.weight[start[:, None] + torch.arange(t, device=tokens.device)]
         new_keys, new_values = [], []
         for block, kc, vc in zip(self.blocks, keys.unbind(0), values.unbind(0), strict=True):
             assert isinstance(block, Block)
-            x, kc, vc = block.cached(x, kc, vc, positions)
-            new_keys.append(kc)
-            new_values.append(vc)
+            x, k, v = block.cached(x, kc, vc, visible)
+            new_keys.append(k)
+            new_values.append(v)
         return self.head(self.ln_f(x)), torch.stack(new_keys), torch.stack(new_values)
 
 
@@ -500,14 +505,21 @@ class Transformer(PlainModel):
         steps = max(steps, 1)
         banned = [PAD, BOS] + ([EOS] if oracle or not cfg.eos else [])
         top = int(prompt.max()) if b else 1
+        keys: torch.Tensor | None = None
+        values: torch.Tensor | None = None
         if steps == 1 and first is not None:  # one token: the teacher-forced pass is the step
-            logits, keys, values = first, None, None
-        else:  # the prompt once, its keys and values cached for the steps after it; what a
-            # shorter prompt's row holds past its end is overwritten before any query sees it
+            logits = first
+        else:  # the prompt once into slots 0..top-1 of the cache, then the token of step i into
+            # slot top + i; each example sees its own prompt's slots and the answer so far
             h = cfg.n_heads
-            cache = torch.zeros((1, cfg.n_layers, b, h, top + steps - 1, cfg.d_model // h), device=dev,
-                                dtype=next(self.parameters()).dtype)  # (1, L, B, H, C, dh)
-            logits, keys, values = self.run_members(batch.inputs[..., :top], cache, cache, torch.zeros_like(prompt))
+            keys = torch.zeros((k, cfg.n_layers, b, h, top + steps - 1, cfg.d_model // h), device=dev,
+                               dtype=next(self.parameters()).dtype)  # (K, L, B, H, C, dh)
+            values = torch.zeros_like(keys)
+            none = torch.zeros((1, b, 0), dtype=torch.bool, device=dev)
+            logits, keys[..., :top, :], values[..., :top, :] = self.run_members(
+                batch.inputs[..., :top], keys[..., :0, :], values[..., :0, :], none, torch.zeros_like(prompt))
+            slots = torch.arange(keys.shape[-2], device=dev)
+            in_prompt = slots < prompt[..., None]  # (K|1, B, C)
         out = torch.zeros((k, b, steps), dtype=torch.int64, device=dev)
         ended = torch.zeros((k, b), dtype=torch.bool, device=dev)
         at = (prompt - 1).clamp(min=0).expand(k, b)  # each example's last prompt position
@@ -520,9 +532,11 @@ class Transformer(PlainModel):
             if i + 1 == steps or (not oracle and bool(ended.all())):
                 out = out[..., : i + 1]
                 break
-            # the token just chosen, at its own position prompt + i: one position per example
+            # the token just chosen, at its own position prompt + i, into slot top + i
             assert keys is not None and values is not None
-            logits, keys, values = self.run_members((tok + self.offset)[..., None], keys, values, prompt + i)
+            visible = in_prompt | ((slots >= top) & (slots < top + i))
+            logits, keys[..., top + i : top + i + 1, :], values[..., top + i : top + i + 1, :] = self.run_members(
+                (tok + self.offset)[..., None], keys, values, visible, prompt + i)
             last = logits[..., 0, :]
         if oracle:
             return out, batch.tgt_len.expand(k, b)
