@@ -499,6 +499,8 @@ def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override
         if not rest:
             raw[block] = o.value
             continue
+        if block == "grid":
+            o = dataclasses.replace(o, value=_keep_value_overrides((raw.get("grid") or {}).get(rest), o.value))
         parts = [block, rest] if block == "grid" else _space_parts(o.path) or o.path.split(".")
         if parts[:2] == ["tune", "space"] and len(parts) == 3 and not isinstance(o.value, dict):
             key, _, attr = parts[2].rpartition(".")
@@ -516,7 +518,52 @@ def apply_overrides(raw: Any, texts: Sequence[str]) -> tuple[Any, tuple[Override
                                   f"override {where} itself, or make it a block in the study file")
             cur = nxt
         cur[parts[-1]] = o.value
+    _refuse_shadowed(raw, overrides)
     return raw, overrides
+
+
+def _keep_value_overrides(axis: Any, values: Any) -> Any:
+    """A list of values given for a grid axis that the study file writes as a mapping
+    (value -> overrides): as a mapping keeping the file's overrides of each value listed, so
+    `'grid.task.kind=[addition]'` is the file's addition point, its overrides and trial_id
+    included (a value the file lacks gets none). Anything else is returned as it is."""
+    if not (isinstance(axis, dict) and isinstance(values, list)):
+        return values
+    try:
+        if len(set(values)) != len(values):  # a repeat: parse() refuses the duplicate point
+            return values
+    except TypeError:  # an unhashable value (a list): no key of the file's mapping
+        return values
+    return {v: axis.get(v) for v in values}
+
+
+def _refuse_shadowed(raw: dict[str, Any], overrides: Sequence[Override]) -> None:
+    """Refuse an override of a field that every grid point sets anyway (a grid axis, or a
+    field each value of a mapping axis overrides): it would change nothing and never be
+    checked (`task.kind=sort` ran all seven tasks of the length study)."""
+    grid = raw.get("grid")
+    if not isinstance(grid, dict):
+        return
+    for o in overrides:
+        if o.path.split(".")[0] not in ("task", "model", "train", "seeds"):
+            continue
+        value = o.text.partition("=")[2]
+        for axis, choices in grid.items():
+            if not isinstance(axis, str):
+                continue
+            if _caused(axis, o.path) and not axis.startswith(o.path + "."):
+                raise ConfigError(o.path, f"is a grid axis (grid.{axis}): every grid point sets it, so this "
+                                  "override would change nothing", f"choose the axis's values instead, e.g. "
+                                  f"'grid.{axis}=[{value}]'")
+            if isinstance(choices, dict) and choices and all(
+                isinstance(ov, dict) and any(_caused(k, o.path) and not k.startswith(o.path + ".") for k in ov)
+                for ov in choices.values()
+            ):
+                first = next(iter(choices))
+                raise ConfigError(o.path, f"is set by every value of grid.{axis} in the study file, so this "
+                                  "override would change nothing", f"give the axis with the value you want "
+                                  f"per point, e.g. 'grid.{axis}={{{first}: {{{o.path}: {value}}}}}', or edit "
+                                  "the study file")
 
 
 def _space_parts(path: str) -> list[str] | None:

@@ -336,6 +336,27 @@ def check_pairs(cfg: StudyConfig, built: dict[str, tuple[Any, Any]] | None = Non
             raise ConfigError(exc.field, f"{exc.problem}{where}", exc.fix) from None
 
 
+def check_batches(cfg: StudyConfig, built: dict[str, tuple[Any, Any]]) -> None:
+    """Each point's ``train.batch_size`` and ``data_order`` against its task's training split,
+    as the worker checks them (:func:`~trainables.spec.check_batch_size`), for the task configs
+    built here (``built``: task config -> (task, data), by :func:`check_pairs`); before, a batch
+    larger than the split was refused only on the worker, after Ray had started."""
+    from trainables.spec import check_batch_size, check_data_order
+
+    for point in cfg.points:
+        task_data = built.get(json.dumps(point.spec.to_dict()["task"], sort_keys=True))
+        if task_data is None:  # a plugin task not rehearsable here: its worker checks it
+            continue
+        task, data = task_data
+        try:
+            check_data_order(point.spec.train, task)
+            check_batch_size(point.spec.train, task, len(data.train))
+        except ConfigError as exc:
+            if not point.values:
+                raise
+            raise ConfigError(exc.field, f"{exc.problem} (grid point {point.values})", exc.fix) from None
+
+
 def check_device(cfg: StudyConfig) -> None:
     """A study on ``cuda`` must ask Ray for GPUs, or Ray would place its trials on none."""
     if cfg.execution.device == "cuda" and cfg.execution.gpus_per_trial <= 0:
@@ -382,6 +403,7 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
         point.spec.check_splits(roles_of[key])
     check_bundles(cfg)
     check_pairs(cfg, built, local=address is None)
+    check_batches(cfg, built)
     from trainables.trackers import check_loggers
 
     check_loggers(cfg.execution.loggers)  # unknown tracker, or its package not installed

@@ -100,6 +100,50 @@ def test_a_grid_override_sets_every_point(tmp_path: Path) -> None:
     assert [p.spec.train.lr for p in cfg.points] == [0.1, 0.2, 0.3]
 
 
+def test_a_list_of_an_axis_the_file_maps_keeps_each_values_overrides(tmp_path: Path) -> None:
+    """``grid.AXIS=[v]`` where the file writes the axis as value -> overrides: the file's point
+    for v, its overrides and trial_id included (before: the overrides were dropped, and
+    `'grid.task.kind=[addition]'` of the length study trained another config silently); a
+    value the file lacks gets none, and a field outside the kept values' overrides applies."""
+    grid = {"train.lr": {0.1: {"model.hidden_size": 6}, 0.2: {"model.hidden_size": 5}, 0.3: None}}
+    path = write(tmp_path, {**TINY, "grid": grid})
+    whole = {p.values["train.lr"]: p for p in load(path).points}
+    picked = load(path, None, ["grid.train.lr=[0.2,0.4]", "model.hidden_size=7"]).points
+    assert [(p.spec.train.lr, p.spec.model.hidden_size) for p in picked] == [(0.2, 5), (0.4, 7)]
+    assert picked[0].trial_id == whole[0.2].trial_id
+    assert load(path, None, ["grid.train.lr=[0.3]"]).points[0].trial_id == whole[0.3].trial_id
+
+
+SHADOWED = [
+    (["train.lr=0.5"], {"train.lr": [0.1, 0.2]},
+     "train.lr: is a grid axis (grid.train.lr): every grid point sets it, so this override would change nothing. "
+     "Fix: choose the axis's values instead, e.g. 'grid.train.lr=[0.5]'"),
+    (["train.lr=abc"], {"train.lr": [0.1, 0.2]}, "train.lr: is a grid axis"),  # never checked before either
+    (["model.hidden_size=8"], {"train.lr": {0.1: {"model.hidden_size": 6}, 0.2: {"model.hidden_size": 5}}},
+     "model.hidden_size: is set by every value of grid.train.lr in the study file, so this override would change "
+     "nothing. Fix: give the axis with the value you want per point, e.g. "
+     "'grid.train.lr={0.1: {model.hidden_size: 8}}', or edit the study file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "grid", "message"), SHADOWED)
+def test_an_override_every_grid_point_replaces_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray: None, argv: list[str], grid: dict, message: str
+) -> None:
+    """Before, it was silently ignored and never validated (`task.kind=sort` ran all seven
+    tasks of the length study, `task.kind=sortt` too). An override that only some points
+    replace still applies to the others."""
+    config = write(tmp_path, {**TINY, "grid": grid})
+    out = tmp_path / "results"
+    rc = cli.cli_main(["run", str(config), *argv, "--out", str(out)])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    assert not out.exists()
+    some = {"train.lr": {0.1: {"model.hidden_size": 6}, 0.2: None}}
+    points = load(write(tmp_path, {**TINY, "grid": some}), None, ["model.hidden_size=8"]).points
+    assert [p.spec.model.hidden_size for p in points] == [6, 8]
+
+
 def test_a_tune_space_override_sets_one_searched_field(tmp_path: Path) -> None:
     """A space key is itself a dotted field: ``tune.space.train.lr.high`` is ``high`` of
     ``train.lr`` (it was split into blocks ``train`` and ``lr``)."""

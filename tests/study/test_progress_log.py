@@ -83,27 +83,34 @@ def test_heartbeats_keep_coming_while_a_bundle_reports_rarely(tmp_path: Path) ->
 
 
 def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tmp_path: Path) -> None:
-    """A ConfigError raised in a trial's setup (here: a batch larger than the training split,
-    known once the worker has built the data) ends that unit at once. Before, Tune retried
-    it ``execution.max_failures`` times and printed each worker's traceback (269 lines for
-    2 units); now each unit's line and one summary line per cause say it, the other grid
-    point trains and commits, and the study exits 1 saying to correct the config (resuming
-    would rerun the refused one)."""
-    study = {**TINY_STUDY, "name": "refused", "grid": {"train.batch_size": [16, 1000]},
+    """A ConfigError raised in a trial's setup (here: a batch larger than the training split
+    of a plugin task the driver does not build before Ray, ``rehearsable()`` False: only its
+    worker knows the split's size) ends that unit at once. Before, Tune retried it
+    ``execution.max_failures`` times and printed each worker's traceback (269 lines for 2
+    units); now each unit's line and one summary line per cause say it, the other grid point
+    trains and commits, and the study exits 1 saying to correct the config (resuming would
+    rerun the refused one)."""
+    from tests.study.test_plugins_cli import BASE, PLUGIN
+
+    home = tmp_path / "home"
+    home.mkdir()
+    source = "\n@TASKS.register\nclass Unbuilt(Blobs):\n    name = 'unbuilt'\n    def rehearsable(self):\n        return False\n"
+    (home / PLUGIN.name).write_text(PLUGIN.read_text() + source)
+    study = {**BASE, "name": "refused", "task": {"name": "unbuilt", "n": 64}, "grid": {"train.batch_size": [16, 1000]},
              "seeds": {"count": 2}, "execution": {"bundle_size": 2, "max_failures": 2}}
-    cfg = tmp_path / "refused.yaml"
+    cfg = home / "refused.yaml"
     cfg.write_text(yaml.safe_dump(study))
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV")}
     res = subprocess.run(
         [sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out), "--num-cpus", "2"],
-        capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300,
+        capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300, cwd=tmp_path,
     )
     text = res.stdout + res.stderr
     assert res.returncode == 1, text[-3000:]
     assert "Traceback" not in text and "Trial task failed" not in text, text[-3000:]
-    cause = ("train.batch_size: 1000 is larger than the training split (300 examples): a batch would hold "
-             "some examples twice. Fix: set train.batch_size to at most 300")
+    cause = ("train.batch_size: 1000 is larger than the training split (64 examples): a batch would hold "
+             "some examples twice. Fix: set train.batch_size to at most 64")
     lines = text.splitlines()
     unit = [ln for ln in lines if ln.startswith("study refused: a trial of 2 seed(s) (train.batch_size=1000) "
                                                 "failed (its config was refused, not retried): " + cause)]
@@ -123,6 +130,25 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     last = status.stdout.strip().splitlines()[-1]  # no "then: ... resume" line: resuming refuses it again
     assert re.match(rf"last run \(ended [0-9-]+ [0-9:]+ UTC\): 2 seed\(s\) failed \(batch_size=1000: seeds 0, 1\): "
                     rf"{re.escape(cause)}", last), last
+
+
+def test_a_batch_larger_than_a_built_in_tasks_training_split_is_refused_before_ray(tmp_path: Path) -> None:
+    """The driver knows a built-in task's split sizes (it builds the data before Ray): the
+    batch is refused there, naming the grid point, exit 2 and nothing written (before: the
+    worker refused it after Ray had started, and the study's name was used up)."""
+    study = {**TINY_STUDY, "name": "big", "grid": {"train.batch_size": [16, 1000]}}
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(yaml.safe_dump(study))
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "PATH", "VIRTUAL_ENV")}
+    res = subprocess.run([sys.executable, "-m", "study.cli", "run", str(cfg), "--out", str(out)],
+                         capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=300)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0] == ("error: train.batch_size: 1000 is larger than the training split (300 examples): a batch "
+                        "would hold some examples twice (grid point {'train.batch_size': 1000}). Fix: set "
+                        "train.batch_size to at most 300 (300 is full batch), or train.data_order: with_replacement")
+    assert not out.exists() and "Ray" not in res.stdout
 
 
 def test_the_last_runs_record_names_failures_until_their_seeds_commit_and_goes_when_nothing_is_left(
