@@ -199,12 +199,52 @@ def _check_param(base: dict[str, Any], path: str, rng: ParamSpace) -> None:
             field, "an int range needs integer bounds", "use whole numbers for low and high"
         )
     for value in (rng.low, rng.high):
-        try:
-            RunSpec.from_dict(
-                apply_params(base, {path: int(value) if rng.type == "int" else value})
-            )
-        except ConfigError as exc:
-            raise ConfigError(field, f"bound {value}: {exc.problem}", exc.fix) from None
+        problem = _refusal(base, path, int(value) if rng.type == "int" else value)
+        if problem is not None:
+            raise ConfigError(field, f"bound {value}: {problem.problem}", problem.fix)
+    _check_inside(base, path, rng, whole=isinstance(cur, int))
+
+
+INT_VALUES_CHECKED = 256
+"""An int range of at most this many values has each one checked before Ray; a wider one its
+bounds and a few values between."""
+
+
+def _refusal(base: dict[str, Any], path: str, value: Any) -> ConfigError | None:
+    """What the config says of ``path`` = ``value`` (None: it is accepted)."""
+    try:
+        RunSpec.from_dict(apply_params(base, {path: value}))
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def _check_inside(base: dict[str, Any], path: str, rng: ParamSpace, whole: bool) -> None:
+    """Values inside the range that the config refuses, found before Ray (before: only the
+    bounds were checked, and a candidate inside, such as 5 heads for d_model 8, stopped the
+    search after Ray had started, every resume again): each value of a small int range, a
+    few values of a float one, and a float range on a field whose value in the file is a
+    whole number (``whole``) that refuses a fraction."""
+    field = f"tune.space.{path}"
+    lo, hi = rng.low, rng.high
+    if rng.type == "float":
+        inside = [lo * (hi / lo) ** f if rng.log else lo + (hi - lo) * f for f in (0.37, 0.5, 0.75)]
+        problem = _refusal(base, path, inside[0])
+        if whole and problem is not None and problem.field == path:
+            raise ConfigError(field, f"a float range on a whole-number field ({inside[0]:.4g} is refused: "
+                              f"{problem.problem})", "add `type: int` to the range")
+        values: list[Any] = inside
+    elif hi - lo + 1 <= INT_VALUES_CHECKED:
+        values = list(range(int(lo), int(hi) + 1))
+    else:
+        values = sorted({int(lo + (hi - lo) * f) for f in (0.1, 0.25, 0.37, 0.5, 0.75, 0.9)})
+    refused = [(v, problem) for v in values if (problem := _refusal(base, path, v)) is not None]
+    if refused:
+        shown = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v, _ in refused[:8])
+        more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+        raise ConfigError(field, f"the config refuses values inside the range [{lo:g}, {hi:g}]: {shown}{more} "
+                          f"({refused[0][1].field}: {refused[0][1].problem})", "search a range whose every value "
+                          "the config takes, or try the valid values as a grid axis (a grid: block) instead")
 
 
 def _check_leakage(cfg: StudyConfig, block: TuneBlock) -> None:

@@ -404,6 +404,33 @@ def test_bad_tune_blocks_name_the_field(patch: dict[str, Any], field: str) -> No
     assert err.value.fix
 
 
+def test_values_inside_a_range_that_the_config_refuses_are_found_before_ray() -> None:
+    """Before, only the bounds were checked: 5 heads for d_model 8, inside [1, 8], stopped the
+    search after Ray had started (every resume again), and a float range on d_model passed
+    because both bounds were whole numbers."""
+    cfg = {"name": "h", "model": {"name": "transformer", "d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16},
+           "task": {"name": "length_gen", "kind": "count", "train_lengths": [1, 4], "test_lengths": [1, 8],
+                    "train_size": 64, "val_size": 8, "val_ood_size": 8, "test_size": 4},
+           "train": {"optimizer": "adamw", "lr": 0.001, "batch_size": 8, "max_steps": 10,
+                     "selection": {"split": "val", "metric": "exact", "mode": "last", "early_stop": False}}}
+
+    def refusal(space: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as err:
+            tune_block(parse({**cfg, "tune": {"space": space, "objective": {"split": "val_ood", "metric": "exact"}}}))
+        return str(err.value)
+
+    heads = refusal({"model.n_heads": {"low": 1, "high": 8, "type": "int"}})
+    assert heads == ("tune.space.model.n_heads: the config refuses values inside the range [1, 8]: 3, 5, 6, 7 "
+                     "(model.n_heads: 3 heads do not divide d_model 8). Fix: search a range whose every value the "
+                     "config takes, or try the valid values as a grid axis (a grid: block) instead")
+    width = refusal({"model.d_model": {"low": 8, "high": 16}})
+    assert width.startswith("tune.space.model.d_model: a float range on a whole-number field (10.96 is refused: ")
+    assert width.endswith("Fix: add `type: int` to the range"), width
+    ok = {"model.n_heads": {"low": 1, "high": 2, "type": "int"}, "model.dropout": {"low": 0.0, "high": 0.5}}
+    assert set(tune_block(parse({**cfg, "tune": {"space": ok, "objective": {"split": "val_ood", "metric": "exact"}}}))
+               .space or {}) == set(ok)
+
+
 def test_default_space_and_direction() -> None:
     block = tune_block(
         parse({**CONFIG, "tune": {"objective": {"split": "val_ood", "metric": "loss"}}})
