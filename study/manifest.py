@@ -238,7 +238,8 @@ def prepare(
         p, had = fewer[0]
         Console(stderr=True).print(
             f"note: study {name!r} already plans {had} seeds for {len(fewer)} of its configs; asking for "
-            f"{p.seeds.count} removes none (committed runs are results): it keeps {had}. To study fewer "
+            f"{p.seeds.count} removes none (committed runs are results): it keeps {had}, and runs those not "
+            "yet committed. To study fewer "
             "seeds, select them in SQL (WHERE seed < N), or run the config under a new --name",
             soft_wrap=True, highlight=False, markup=False,
         )

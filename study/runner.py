@@ -566,6 +566,12 @@ def _run_locked(
 ) -> dict[str, int]:
     """:func:`run_study` once its inputs are checked and this driver holds the study's lock."""
     manifest = manifest_mod.prepare(out, name, cfg, kind, facts, extra_manifest)
+    from study.config import with_point_counts
+
+    # a point that already plans more seeds keeps them (prepare's note says so): they run too,
+    # as `study resume` would run them (before: planned at the smaller count, the study said
+    # "all runs committed" and exited 0 with seeds pending)
+    cfg = with_point_counts(cfg, {p["trial_id"]: int(p["seeds"]) for p in manifest["points"]})
     meta = {"git_sha": manifest_mod.git_sha(), "versions": manifest_mod.run_versions(manifest)}
     device = resolve_device(cfg)
     from study.check import quarantine_damaged

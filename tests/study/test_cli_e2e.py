@@ -88,9 +88,14 @@ def test_rerun_and_growth_never_duplicate(finished: tuple[Path, Path]) -> None:
     assert [(r["seed"], r["n"]) for r in runs] == [(0, 1), (1, 1), (2, 1), (3, 1)]
     status = json.loads(study("status", "tiny", "--out", str(out), "--format", "json").stdout)
     assert status[0]["planned"] == 4 and status[0]["done"] == 4 and status[0]["pending"] == 0
-    # fewer seeds than the study has remove none, and say so (it was silent)
+    # fewer seeds than the study has remove none, and say so (it was silent); a seed of the
+    # kept ones not committed (here: seed 3's commit marker gone) runs, as `study resume` would
+    # run it (before: planned at 2 seeds, "all 2 runs already committed", exit 0, one pending)
+    (marker,) = (out / "tables" / "runs" / "study=tiny").glob("*-3.parquet")
+    marker.unlink()
     res = study("run", str(cfg), "--out", str(out), "--num-cpus", "2", "--seeds", "2")
     assert "note: study 'tiny' already plans 4 seeds for 1 of its configs; asking for 2 removes none" in res.stderr
+    assert "4/4 runs committed (1 run now)" in res.stdout, res.stdout
     assert sql(out, "SELECT count(*) AS n FROM runs")[0]["n"] == 4
     # `study resume --seeds` grows it from its manifest: no study file or overrides to retype
     study("resume", "tiny", "--out", str(out), "--num-cpus", "2", "--seeds", "5")
