@@ -143,7 +143,7 @@ def compare_configs(
 
     ``values``: columns point, split, value (ok runs). Each row names the ``better`` config
     (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with
-    Welch's t interval, Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
+    Welch's t interval (within [-1, 1] when every value of both lies in [0, 1]), Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
     with a bootstrap interval (NaN bounds where every resample gives the same a12), Welch's
     p and Holm's adjustment over every row that has a p (one family; rows where neither
     config varies have none).
@@ -163,7 +163,8 @@ def compare_configs(
         for j, (a, b) in enumerate(pairs):
             x, y = groups[a], groups[b]
             c = stats.compare(x, y, n_boot=0)
-            d = iv.diff_interval(x, y, level=level, n_boot=n_boot, seed=seed + j)
+            unit = bool(min(x.min(), y.min()) >= 0 and max(x.max(), y.max()) <= 1)  # a [0, 1] metric
+            d = iv.diff_interval(x, y, level=level, n_boot=n_boot, seed=seed + j, unit=unit)
             u, w = (x, y) if higher_is_better else (-x, -y)
             pi = iv.a12_interval(u, w, level=level, n_boot=n_boot, seed=seed + j)
             g = c.hedges_g if higher_is_better else -c.hedges_g

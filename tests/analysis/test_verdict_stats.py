@@ -75,6 +75,21 @@ def test_diff_interval_is_welchs_and_agrees_with_its_p() -> None:
         assert (ci.low > 0 or ci.high < 0) == (p < 0.05)
 
 
+def test_a_difference_of_two_unit_metrics_stays_within_minus_one_and_one() -> None:
+    """Runs near 1 against runs near 0 (the probe's case: 0.951 [0.879, 1.02]): Welch's
+    upper bound passes 1, the most two [0, 1] means can differ; with ``unit`` it is 1, the
+    lower bound and the estimate unchanged, and the verdict's comparisons pass ``unit``
+    exactly when every value lies in [0, 1]."""
+    a, b = np.array([1.0, 0.9, 1.0]), np.array([0.0, 0.05, 0.0])
+    free, kept = iv.diff_interval(a, b), iv.diff_interval(a, b, unit=True)
+    assert free.high > 1.0 and kept.high == 1.0
+    assert (kept.low, kept.estimate) == (free.low, free.estimate)
+    runs = pd.DataFrame({"point": ["a"] * 3 + ["b"] * 3, "split": "test", "value": [*a, *b]})
+    assert compare_configs(runs, ["test"]).loc[0, "diff_high"] == 1.0
+    loss = runs.assign(value=runs["value"] * 3)  # a loss reaches past 1: its interval is Welch's own
+    assert compare_configs(loss, ["test"]).loc[0, "diff_high"] == pytest.approx(iv.diff_interval(a * 3, b * 3).high)
+
+
 def test_diff_interval_with_one_constant_sample_is_exact_and_silent() -> None:
     """Every run of one config at 1.0: its variance is 0, so Welch's se is the other's alone,
     sqrt(var_b / 3), with df = n_b - 1 = 2. scipy flagged it "precision loss" and that
