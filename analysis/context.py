@@ -43,6 +43,8 @@ class StudyContext:
     regressions: list[RegressionDecl]
     histograms: list[Axis]
     notes: list[str] = field(default_factory=list)
+    code: list[tuple[str, int]] = field(default_factory=list)
+    """Runs per code commit (``trials.git_sha``), most first (:func:`analysis.queries.code_runs`)."""
     _logged: set[tuple[str, str]] | None = None
     """(split, metric) pairs in ``metrics`` (loaded on first use)."""
 
@@ -164,6 +166,14 @@ def open_study(out: Path, study: str) -> StudyContext:
     mixed = numerics_note(q.numerics_runs(con, study))
     if mixed:
         ctx.notes.append(mixed)
+    ctx.code = q.code_runs(con, study)
+    if len(ctx.code) > 1:
+        listed = "; ".join(f"{n} at {sha[:12]}" for sha, n in ctx.code)
+        ctx.notes.append(
+            f"runs were trained from {len(ctx.code)} commits of the code (trials.git_sha): {listed}. A difference "
+            "between runs of different commits may be the code's, not the seeds' (compare them with "
+            "`study sql`, grouping by git_sha, or re-run the older ones under the newer code with a new --name)"
+        )
     return ctx
 
 

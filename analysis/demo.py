@@ -154,6 +154,7 @@ def write_demo_study(
     seed: int = 0,
     decision_grid: tuple[float, float, int] | None = None,
     numerics: tuple[str, ...] = (DEMO_NUMERICS,),
+    commits: tuple[str, ...] = ("0" * 7,),
 ) -> Path:
     """Write a synthetic study ``name`` into ``out``; returns its manifest path.
 
@@ -164,7 +165,7 @@ def write_demo_study(
     like the ``toy2d`` task instead (see the module docstring; ``epochs`` evaluations
     :data:`TOY_STEPS_PER_EVAL` steps apart, ``n_examples`` samples per evaluation set).
     ``numerics``: each point's ``trials.numerics`` in turn (point ``i``:
-    ``numerics[i % len(numerics)]``).
+    ``numerics[i % len(numerics)]``); ``commits`` likewise its ``trials.git_sha``.
     """
     if decision_grid is not None:
         return _write_toy_study(
@@ -190,6 +191,7 @@ def write_demo_study(
         skill = rng.normal(size=n_seeds)  # (S,)
         trial = _trial_row(name, trial_id, p_idx, point, n_seeds, t0, "demo_task", "demo_model")
         trial["numerics"] = numerics[p_idx % len(numerics)]
+        trial["git_sha"] = commits[p_idx % len(commits)]
         if kind == "tune":
             trial["param_lr"] = float(10 ** rng.uniform(-3, -1))
             trial["param_dropout"] = float(rng.uniform(0, 0.5))

@@ -381,3 +381,16 @@ def split_predictions(
         [study, split],
     ).df()
     return _labels(df, labels)
+
+
+def code_runs(con: duckdb.DuckDBPyConnection, study: str) -> list[tuple[str, int]]:
+    """How many committed runs of ``study`` were trained at each ``trials.git_sha`` (the code's
+    commit; empty where it was not a git checkout: left out), most runs first. Rows: (git_sha, runs)."""
+    return [
+        (str(r[0]), int(r[1]))
+        for r in con.execute(
+            "SELECT git_sha, sum(len(seeds)) AS runs FROM trials WHERE study = ? AND coalesce(git_sha, '') <> '' "
+            "GROUP BY git_sha ORDER BY runs DESC, git_sha",
+            [study],
+        ).fetchall()
+    ]

@@ -75,7 +75,8 @@ def _header_rows(ctx: StudyContext) -> list[tuple[str, str]]:
     if len(points) > 1:
         rows.append(("grid points", "; ".join(points)))
     rows.append(("primary metric", ctx.primary or "-"))
-    rows += [("git sha", (m and m.git_sha) or "?"), ("created", (m and m.created_at) or "?")]
+    code = "; ".join(f"{sha[:12]} ({n} runs)" for sha, n in ctx.code) if len(ctx.code) > 1 else None
+    rows += [("git sha", code or (m and m.git_sha) or "?"), ("created", (m and m.created_at) or "?")]
     if m and m.tuned_from:
         rows.append(("tuned from", json.dumps(m.tuned_from)))
     rows.append(("report written", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")))

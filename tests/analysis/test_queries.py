@@ -192,3 +192,25 @@ def test_runs_per_numerics_and_the_note_of_a_mixed_study(tmp_path: Path) -> None
     finally:
         mixed.close()
         same.close()
+
+
+def test_runs_per_commit_and_the_note_and_header_of_a_study_trained_at_two(tmp_path: Path) -> None:
+    """Three points, the first and third at commit a1 (2 + 2 runs), the second at b2 (2 runs):
+    the analysis notes it and the report's header lists both (before: the manifest's latest
+    commit alone, as if every run had it); one commit: no note, the header as before."""
+    from analysis.context import open_study
+    from analysis.report_page import _header_rows
+
+    write_demo_study(tmp_path, "mixed", n_seeds=2, points=[{"train.lr": x} for x in (0.1, 0.2, 0.3)],
+                     commits=("a1" * 20, "b2" * 20))  # fmt: skip
+    write_demo_study(tmp_path, "same", n_seeds=3)
+    mixed, same = open_study(tmp_path, "mixed"), open_study(tmp_path, "same")
+    try:
+        assert mixed.code == [("a1" * 20, 4), ("b2" * 20, 2)]
+        assert any(n.startswith("runs were trained from 2 commits of the code (trials.git_sha): "
+                                "4 at a1a1a1a1a1a1; 2 at b2b2b2b2b2b2.") for n in mixed.notes), mixed.notes
+        assert dict(_header_rows(mixed))["git sha"] == "a1a1a1a1a1a1 (4 runs); b2b2b2b2b2b2 (2 runs)"
+        assert not any("commits of the code" in n for n in same.notes) and len(same.code) == 1
+    finally:
+        mixed.close()
+        same.close()
