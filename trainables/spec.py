@@ -255,7 +255,7 @@ class RunSpec:
         sel, train = self.train.selection, self.train
         valid = ", ".join(f"{n} ({r})" for n, r in roles.items())
         wanted = [("train.curve_splits", n) for n in train.curve_splits]
-        if sel.mode != "last":
+        if sel.mode != "last" or sel.split != "val":  # unused with mode last, but a name given is checked
             wanted.append(("train.selection.split", sel.split))
         rise = train.lr_halving.on_loss_rise if train.lr_halving is not None else None
         if rise is not None:

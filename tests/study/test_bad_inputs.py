@@ -207,6 +207,9 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("model-name-missing", patched(model={"hidden_size": 8, "emb_size": 8, "name": None}), "error: model."),
     ("task-name-unknown", patched(task={"name": "nosuch"}), "error: task.name: "),
     ("selection-on-test", patched(train={"selection": {"split": "long"}}), "error: train.selection.split: "),
+    # unused with mode: last, but a misspelt name was accepted silently
+    ("selection-last-unknown-split", patched(train={"selection": {"split": "val_odd", "mode": "last"}}),
+     "error: train.selection.split: task 'symbol_rewriting' has no split 'val_odd'. Fix: use one of: train (train)"),
     ("curve-split-unknown", patched(train={"curve_splits": ["nosuch"]}), "error: train.curve_splits: "),
     ("plugins-scalar", patched(plugins="mine"), "error: plugins: "),
     # a module that registers nothing (here the standard library's) was imported without a word
