@@ -75,7 +75,7 @@ from study.tuning_search import (
     ray_classes,
     told_value,
 )
-from trainables.errors import ConfigRefused, StudyStateError, WorkerOutOfMemory
+from trainables.errors import ConfigError, ConfigRefused, StudyStateError, WorkerOutOfMemory
 from trainables.results import committed, read_rows
 from trainables.trackers import driver_settings
 from trainables.tuning_unit import (
@@ -177,7 +177,11 @@ def reconcile(
             if set(t.params) != set(template["space_keys"]):  # killed inside ask(): nothing ran
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
                 continue
-            trial_id = unit_from_template(template, dict(t.params))["trial_id"]
+            try:
+                trial_id = unit_from_template(template, dict(t.params))["trial_id"]
+            except ConfigError:  # killed before refuse() told it: nothing ran
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                continue
             rows = dict(
                 con.execute(
                     "SELECT e.seed, e.value FROM evals e WHERE e.study = ? AND e.trial_id = ? "

@@ -48,11 +48,12 @@ from study.tuning_search import (
     make_pruner,
     make_sampler,
     position_of,
+    refuse,
     say,
     told_value,
     write_pruned_row,
 )
-from trainables.errors import REFUSED
+from trainables.errors import REFUSED, ConfigError
 from trainables.tuning_unit import (
     OBJECTIVE_KEYS,
     bundle_from_template,
@@ -113,11 +114,18 @@ def bundle_search_class() -> type:
                 return Searcher.FINISHED  # type: ignore[return-value]  # Tune's "no more" marker
             candidates: list[list[Any]] = []
             seeds = [s["index"] for s in self._template["seeds"]]
-            for _ in range(min(self._batch, self._left)):
+            in_a_row = 0
+            while len(candidates) < min(self._batch, self._left):
                 self._study.sampler = make_sampler(self._block, position_of(self._study), batched=True)
                 trial = self._study.ask(self._dists)
                 params = dict(trial.params)
-                trial.set_user_attr("trial_id", unit_from_template(self._template, params)["trial_id"])
+                try:
+                    trial.set_user_attr("trial_id", unit_from_template(self._template, params)["trial_id"])
+                except ConfigError as exc:
+                    refuse(self._study, trial, exc, in_a_row, self._block)
+                    in_a_row += 1
+                    continue
+                in_a_row = 0
                 trial.set_user_attr("seeds", seeds)
                 self._trials[trial.number] = trial
                 if "committed_seeds" in trial.user_attrs:

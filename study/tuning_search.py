@@ -14,7 +14,7 @@ import numpy as np
 
 from study.runner import console
 from study.tuning_config import TuneBlock
-from trainables.errors import REFUSED
+from trainables.errors import REFUSED, ConfigError
 from trainables.results import write_rows
 from trainables.tuning_unit import OBJECTIVE_KEYS, unit_from_template
 
@@ -84,11 +84,38 @@ def distributions(block: TuneBlock) -> dict[str, Any]:
 
 
 def position_of(study: Any) -> int:
-    """Candidates before the next one, not counting failed ones (they are replayed)."""
+    """Candidates before the next one, not counting failed ones (they are replayed) but
+    counting those the config refused (:func:`refuse`: the next draw must differ)."""
     import optuna
 
     states = (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING)
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.state not in states)
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state not in states or "refused" in t.user_attrs)
+
+
+MAX_REFUSED = 50
+"""Candidates in a row the config may refuse before the search stops (its space then lies
+mostly outside what the config takes)."""
+
+
+def refuse(study: Any, trial: Any, exc: ConfigError, in_a_row: int, block: TuneBlock) -> None:
+    """A candidate whose params the config refuses (e.g. 5 heads for d_model 8, from two
+    searched fields that each pass alone): told to Optuna as FAIL with the reason in its user
+    attribute ``refused``, never trained, and said on the console; the search draws another.
+    Before, the ConfigError ended the search after Ray had started, and every resume
+    re-drew the same candidate. ``in_a_row``: refusals so far without an accepted candidate
+    between (:data:`MAX_REFUSED` of them stop the search with a ConfigError)."""
+    import optuna
+
+    trial.set_user_attr("refused", str(exc))
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+    say(f"candidate {trial.number} ({params}) refused by the config, not trained: {exc}")
+    if in_a_row + 1 >= MAX_REFUSED:
+        raise ConfigError(
+            "tune.space", f"the config refused {MAX_REFUSED} candidates in a row (the last: {exc})",
+            "narrow the searched ranges to values the config takes together, or search fewer fields "
+            f"({', '.join(block.space or {})})",
+        )
 
 
 def told_value(objective: float, direction: str) -> float:
@@ -153,14 +180,21 @@ def ray_classes() -> tuple[type, type]:
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
             study: Any = self._ot_study
-            if trial_id not in self._ot_trials:
-                study.sampler = make_sampler(self._block, position_of(study))
-            config = super().suggest(trial_id)
-            ot_trial = self._ot_trials[trial_id]
-            unit = unit_from_template(self._template, dict(ot_trial.params))
-            ot_trial.set_user_attr("trial_id", unit["trial_id"])
-            ot_trial.set_user_attr("seeds", [s["index"] for s in self._template["seeds"]])
-            return config
+            for in_a_row in range(MAX_REFUSED):
+                if trial_id not in self._ot_trials:
+                    study.sampler = make_sampler(self._block, position_of(study))
+                config = super().suggest(trial_id)
+                ot_trial = self._ot_trials[trial_id]
+                try:
+                    unit = unit_from_template(self._template, dict(ot_trial.params))
+                except ConfigError as exc:
+                    refuse(study, ot_trial, exc, in_a_row, self._block)
+                    del self._ot_trials[trial_id]
+                    continue
+                ot_trial.set_user_attr("trial_id", unit["trial_id"])
+                ot_trial.set_user_attr("seeds", [s["index"] for s in self._template["seeds"]])
+                return config
+            raise AssertionError("refuse() stops the search first")
 
         def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
             """The candidate's learning curve as Optuna intermediate values: its per-epoch

@@ -616,3 +616,43 @@ def test_a_resume_that_finds_the_search_finished_removes_the_search_folders(tmp_
     res = run_tuning(cfg, NAME, tmp_path, trials=3, num_cpus=1)
     assert res == {"requested": 3, "finished": 3, "ran": 0}
     assert not (tmp_path / NAME / "ray").exists() and not (tmp_path / NAME / "pruned").exists()
+
+
+JOINT: dict[str, Any] = {
+    "name": "joint",
+    "task": {"name": "length_gen", "kind": "count", "train_lengths": [1, 4], "test_lengths": [1, 8],
+             "train_size": 64, "val_size": 8, "val_ood_size": 8, "test_size": 4},
+    "model": {"name": "transformer", "d_model": 16, "n_heads": 1, "n_layers": 1, "d_ff": 16},
+    "train": {"optimizer": "adamw", "lr": 0.001, "batch_size": 8, "max_steps": 4, "eval_every_steps": 2,
+              "selection": {"split": "val", "metric": "exact", "mode": "last", "early_stop": False}},
+    "seeds": {"count": 1},
+    "tune": {"trials": 3, "seeds_per_candidate": 1, "sampler": "random", "sampler_seed": 0,
+             "objective": {"split": "val_ood", "metric": "exact"},
+             "space": {"model.d_model": {"low": 16, "high": 17, "type": "int"},
+                       "model.n_heads": {"low": 1, "high": 2, "type": "int"}}},
+}
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_candidate_the_config_refuses_is_told_failed_and_another_is_drawn(tmp_path: Path, batch: int) -> None:
+    """Two searched fields that pass alone but not together (17 wide with 2 heads): each is
+    checked before Ray, the pair only once drawn. Seeded random draws 0-2 are (17, 2): each is
+    told to Optuna as FAIL with its reason, said on the console, never trained, and the search
+    draws on until 3 candidates finished (before: the first ConfigError ended the search,
+    exit 2 after Ray had started, and every resume drew it again), one at a time and in bundles."""
+    cfg = tmp_path / "joint.yaml"
+    cfg.write_text(yaml.safe_dump({**JOINT, "tune": {**JOINT["tune"], "batch": batch}}))
+    out = tmp_path / "results"
+    res = cli("tune", str(cfg), "--out", str(out), "--num-cpus", "2")
+    refused = [ln for ln in (res.stdout + res.stderr).splitlines() if "refused by the config, not trained" in ln]
+    assert len(refused) == 3 and all(ln.startswith("candidate ") and "(model.d_model=17, model.n_heads=2)" in ln
+                                     and ln.endswith("model.n_heads: 2 heads do not divide d_model 17. Fix: choose "
+                                                     "n_heads dividing d_model (e.g. d_model 128 with 4 heads)")
+                                     for ln in refused), res.stdout
+    study = load_study(out, "joint")
+    failed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+    assert len(failed) == 3 and all("refused" in t.user_attrs for t in failed)
+    done = completed(study)
+    assert len(done) == 3 and all((t.params["model.d_model"], t.params["model.n_heads"]) != (17, 2) for t in done)
+    rows = sql(out, "SELECT count(*) AS n FROM runs WHERE study = 'joint'")
+    assert rows == [{"n": 3}]
