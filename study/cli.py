@@ -81,6 +81,8 @@ def _study_name(name: str | None, cfg_name: str | None, field: str = "--name") -
     from study.config import check_name
 
     chosen = cfg_name if name is None else name
+    if name is not None and not name.strip():
+        _fail("--name: is empty. Fix: pass a name, e.g. --name my_study (or leave --name out to use the config's)")
     if not chosen:
         _fail("--name: the config has no `name` and none was given. Fix: pass --name NAME")
     return check_name(str(chosen), field)

@@ -62,8 +62,8 @@ class SeedsConfig(FrozenConfig):
     vary: tuple[Source, ...] = ("init", "order", "dropout")
     """Seed sources that follow the seed index; the others stay at index 0 (one dataset
     for the whole study unless ``data`` is listed)."""
-    pinned: dict[Source, int] = Field(default_factory=dict)
-    """Explicit seed values for sources (wins over ``vary``)."""
+    pinned: dict[Source, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    """Explicit seed values for sources (wins over ``vary``), each >= 0 like ``root``."""
 
 
 class ExecutionConfig(FrozenConfig):
@@ -455,8 +455,10 @@ def parse_override(text: str) -> Override:
     try:
         value = yaml.load(value_text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(key, f"value {_short(value_text)} is not a YAML value ({yaml_problem(exc)})",
-                          "quote it (e.g. \"task.data_dir='my dir'\") or write a number, true/false, "
+        quoted = _cut(value_text.replace("'", "''"))
+        problem = yaml_problem(exc).replace("found '\\x00'", "found the value's end")
+        raise ConfigError(key, f"value {_short(value_text)} is not a YAML value ({problem})",
+                          f"quote it: \"{key}='{quoted}'\", or write a number, true/false, "
                           "null, [a, b] or {k: v}") from None
     if isinstance(value, str) and EXPONENT_RE.fullmatch(value):
         value = float(value)

@@ -207,6 +207,7 @@ CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("model-name-missing", patched(model={"hidden_size": 8, "emb_size": 8, "name": None}), "error: model."),
     ("task-name-unknown", patched(task={"name": "nosuch"}), "error: task.name: "),
     ("selection-on-test", patched(train={"selection": {"split": "long"}}), "error: train.selection.split: "),
+    ("pinned-negative", patched(seeds={"pinned": {"init": -1}}), "error: seeds.pinned.init: "),  # root < 0 was refused, this not
     # unused with mode: last, but a misspelt name was accepted silently
     ("selection-last-unknown-split", patched(train={"selection": {"split": "val_odd", "mode": "last"}}),
      "error: train.selection.split: task 'symbol_rewriting' has no split 'val_odd'. Fix: use one of: train (train)"),
@@ -337,7 +338,7 @@ ARGS: list[tuple[str, Setup, str]] = [
     ("name-newline", _run("--name", "x\n"), "error: --name: "),
     ("name-dotdot", _run("--name", ".."), "error: --name: "),
     ("name-reserved", _run("--name", "tables"), "error: --name: "),
-    ("name-empty", _run("--name", ""), "error: --name: "),
+    ("name-empty", _run("--name", ""), "error: --name: is empty. Fix: pass a name"),  # it said the config had none
     ("address-empty", _run("--address", ""), "error: --address: '' is not a Ray address"),
     ("address-garbage", _run("--address", "not an address"), "error: --address: "),
     ("address-port-range", _run("--address", "127.0.0.1:99999"), "error: --address: "),

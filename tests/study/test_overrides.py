@@ -168,6 +168,9 @@ BAD: list[tuple[str, list[str], str]] = [
     ("no-equals", ["train.lr"], "error: train.lr: not an override (no `field=value`). Fix: write `dotted.field=value`"),
     ("bad-yaml", ["task.long_lengths=[5,"], "error: task.long_lengths: value '[5,' is not a YAML value"),
     ("twice", ["train.lr=0.1", "train.lr=0.2"], "error: train.lr: given twice on the command line"),
+    # a documented value YAML cannot read bare: the fix quotes the user's field (it showed task.data_dir, and '\x00')
+    ("bare-star", ["task.op=*"], "error: task.op: value '*' is not a YAML value (expected alphabetic or numeric "
+     "character, but found the value's end at line 1, column 2). Fix: quote it: \"task.op='*'\""),
     ("whole-block", ["train=0.1"], "error: train: `train` is a block, not a field"),
     ("into-a-value", ["train.lr.x=1"], "error: train.lr.x: train.lr is 0.125 in the study file, not a block"),
     ("delete", ["~train.lr=1"], "error: ~train.lr: deleting a field"),
