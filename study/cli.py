@@ -132,6 +132,10 @@ def run(
             _fail("CONFIG: missing. Fix: `study run configs/quickstart.yaml` or `study run --from-best TUNE_STUDY`")
         assert config is not None
         cfg = load(_config_file(config), seeds, overrides or ())
+        tuning = next((o for o in overrides or () if o.strip().removeprefix("+").startswith("tune.")), None)
+        if tuning is not None:  # it made a tune: block `study run` never reads (unchecked, and "the file has one")
+            _fail(f"{tuning.partition('=')[0].strip()}: only `study tune` reads the tune: block, so on `study run` "
+                  "this override would change nothing. Fix: leave it out, or run `study tune` with it")
         study_name, extra = _study_name(name, cfg.name), None
         if cfg.tune is not None:
             typer.echo(f"note: {config} has a tune: block, which `study tune` searches with; `study run` "

@@ -188,11 +188,14 @@ BAD: list[tuple[str, list[str], str]] = [
 
 
 CASES = [(c, a, n) for c in ("run", "tune") for _, a, n in BAD if not (c == "tune" and "--seeds" in a)]
+CASES.append(("run", ["tune.space.train.lr.high=0.5"], "error: tune.space.train.lr.high: only `study tune` reads the "
+              "tune: block, so on `study run` this override would change nothing. Fix: leave it out"))
 
 
 @pytest.mark.parametrize(
     ("command", "argv", "needle"), CASES,
-    ids=[f"{c}-{i}" for c in ("run", "tune") for i, a, _ in BAD if not (c == "tune" and "--seeds" in a)],
+    ids=[*(f"{c}-{i}" for c in ("run", "tune") for i, a, _ in BAD if not (c == "tune" and "--seeds" in a)),
+         "run-tune-override"],
 )
 def test_bad_overrides_are_refused_before_ray(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray: None, command: str, argv: list[str], needle: str
