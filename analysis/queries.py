@@ -313,11 +313,16 @@ def numerics_runs(con: duckdb.DuckDBPyConnection, study: str) -> list[tuple[str,
     (the CPU, torch's code path, MKL_CBWR and threads, or the GPU: what decides float
     rounding besides the seeds), most runs first; units from before the column was
     recorded are left out. Rows: (numerics, runs)."""
+    return _runs_per(con, study, "numerics")
+
+
+def _runs_per(con: duckdb.DuckDBPyConnection, study: str, column: str) -> list[tuple[str, int]]:
+    """(value, committed runs) per non-empty value of ``trials.<column>``, most runs first."""
     return [
         (str(r[0]), int(r[1]))
         for r in con.execute(
-            "SELECT numerics, sum(len(seeds)) AS runs FROM trials "
-            "WHERE study = ? AND numerics IS NOT NULL GROUP BY numerics ORDER BY runs DESC, numerics",
+            f"SELECT {column}, sum(len(seeds)) AS runs FROM trials WHERE study = ? AND coalesce({column}, '') <> '' "
+            f"GROUP BY {column} ORDER BY runs DESC, {column}",
             [study],
         ).fetchall()
     ]
@@ -386,11 +391,4 @@ def split_predictions(
 def code_runs(con: duckdb.DuckDBPyConnection, study: str) -> list[tuple[str, int]]:
     """How many committed runs of ``study`` were trained at each ``trials.git_sha`` (the code's
     commit; empty where it was not a git checkout: left out), most runs first. Rows: (git_sha, runs)."""
-    return [
-        (str(r[0]), int(r[1]))
-        for r in con.execute(
-            "SELECT git_sha, sum(len(seeds)) AS runs FROM trials WHERE study = ? AND coalesce(git_sha, '') <> '' "
-            "GROUP BY git_sha ORDER BY runs DESC, git_sha",
-            [study],
-        ).fetchall()
-    ]
+    return _runs_per(con, study, "git_sha")
