@@ -57,6 +57,17 @@ def refused(home: Path, cwd: Path, cfg: dict[str, Any], *, command: str = "run")
     return lines[0]
 
 
+UNBUILT = "\n@TASKS.register\nclass Unbuilt(Blobs):\n    name = 'unbuilt'\n    def rehearsable(self):\n        return False\n"
+"""The blobs task as one the driver does not build before Ray (``rehearsable()`` False): only
+its workers know its splits' sizes, so what depends on them is refused there (the tests of a
+worker's refusal use it)."""
+
+
+def unbuilt_plugin(home: Path) -> None:
+    """Write the blobs plugin with task ``unbuilt`` (:data:`UNBUILT`) into ``home``."""
+    (home / PLUGIN.name).write_text(PLUGIN.read_text() + UNBUILT)
+
+
 def with_(cfg: dict[str, Any], **blocks: Any) -> dict[str, Any]:
     return {**cfg, **blocks}
 

@@ -90,12 +90,11 @@ def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tm
     units); now each unit's line and one summary line per cause say it, the other grid point
     trains and commits, and the study exits 1 saying to correct the config (resuming would
     rerun the refused one)."""
-    from tests.study.test_plugins_cli import BASE, PLUGIN
+    from tests.study.test_plugins_cli import BASE, unbuilt_plugin
 
     home = tmp_path / "home"
     home.mkdir()
-    source = "\n@TASKS.register\nclass Unbuilt(Blobs):\n    name = 'unbuilt'\n    def rehearsable(self):\n        return False\n"
-    (home / PLUGIN.name).write_text(PLUGIN.read_text() + source)
+    unbuilt_plugin(home)
     study = {**BASE, "name": "refused", "task": {"name": "unbuilt", "n": 64}, "grid": {"train.batch_size": [16, 1000]},
              "seeds": {"count": 2}, "execution": {"bundle_size": 2, "max_failures": 2}}
     cfg = home / "refused.yaml"

@@ -345,19 +345,25 @@ def test_test_split_as_objective_exits_2_and_writes_nothing(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.slow)])  # ~12 s each
 def test_a_config_the_workers_refuse_fails_each_candidate_once_without_tracebacks(tmp_path: Path, batch: int) -> None:
-    """A batch larger than the training split is refused in each trial's setup: every
-    candidate is a FAIL in Optuna at once (Tune retried each ``max_failures`` times and
-    printed the workers' tracebacks), the cause is printed once, and the counts are
-    candidates, also when a bundle holds two (``tune.batch``)."""
+    """A batch larger than the training split of a task the driver does not build (a plugin's,
+    ``rehearsable()`` False: only its workers know the split's size) is refused in each
+    trial's setup: every candidate is a FAIL in Optuna at once (Tune retried each
+    ``max_failures`` times and printed the workers' tracebacks), the cause is printed once,
+    and the counts are candidates, also when a bundle holds two (``tune.batch``)."""
+    from tests.study.test_plugins_cli import BASE, unbuilt_plugin
+
+    unbuilt_plugin(tmp_path)
     cfg = tmp_path / "big.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "train": {**TRAIN, "batch_size": 1000},
-                                   "tune": {**TUNE, "trials": 2, "batch": batch}}))
+    cfg.write_text(yaml.safe_dump({**BASE, "name": NAME, "task": {"name": "unbuilt", "n": 64},
+                                   "train": {"max_epochs": 2, "batch_size": 1000},
+                                   "tune": {**TUNE, "space": {"train.lr": TUNE["space"]["train.lr"]}, "trials": 2,
+                                            "batch": batch}}))
     out = tmp_path / "results"
     res = cli("tune", str(cfg), "--out", str(out), "--num-cpus", "2", check=False)
     text = res.stdout + res.stderr
     assert res.returncode == 1, text[-3000:]
     assert "Traceback" not in text and "Trial task failed" not in text, text[-3000:]
-    cause = "train.batch_size: 1000 is larger than the training split (300 examples)"
+    cause = "train.batch_size: 1000 is larger than the training split (64 examples)"
     what = "2 candidates failed" if batch == 1 else "bundle of candidates failed"
     assert len([ln for ln in text.splitlines() if ln.startswith(f"{what}: {cause}")]) == 1, text
     assert f"error: tuning study {NAME}: 0/2 candidates finished, 2 failed, 0 pending" in text, text
@@ -369,6 +375,19 @@ def test_a_config_the_workers_refuse_fails_each_candidate_once_without_traceback
     table = cli("status", NAME, "--out", str(out)).stdout
     assert "search: 0 of 2 requested candidates finished (none yet), 2 failed" in table and "best so far" not in table
     assert f"): {what}: {cause}" in table, table  # the last run's cause, recorded by the driver
+
+
+def test_a_batch_larger_than_a_built_in_tasks_split_is_refused_before_ray(tmp_path: Path) -> None:
+    """The driver builds a built-in task's data before Ray: the batch is refused there, exit
+    2, one line, nothing written (before: every candidate failed on its worker)."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "train": {**TRAIN, "batch_size": 1000}, "tune": {**TUNE, "trials": 2}}))
+    out = tmp_path / "results"
+    res = cli("tune", str(cfg), "--out", str(out), "--num-cpus", "2", check=False)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+    assert lines[0].startswith("error: train.batch_size: 1000 is larger than the training split (300 examples)")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
