@@ -652,7 +652,7 @@ JOINT: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.slow)])  # ~18 s each
 def test_a_candidate_the_config_refuses_is_told_failed_and_another_is_drawn(tmp_path: Path, batch: int) -> None:
     """Two searched fields that pass alone but not together (17 wide with 2 heads): each is
     checked before Ray, the pair only once drawn. Seeded random draws 0-2 are (17, 2): each is
