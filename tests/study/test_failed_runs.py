@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.study.test_plugins_cli import BASE, PLUGIN, study, with_
@@ -27,6 +28,7 @@ class FailsAtOneSeed(Blobs):
 """
 
 
+@pytest.mark.slow  # ~50 s: three studies through the CLI
 def test_a_seed_that_keeps_failing_is_recorded_then_run_again(tmp_path: Path) -> None:
     home, cwd = tmp_path / "study", tmp_path / "elsewhere"
     home.mkdir()

@@ -51,6 +51,7 @@ def _holder_pid(lock: Path) -> int | None:
         return None
 
 
+@pytest.mark.slow  # ~48 s: a study held, a second driver, a SIGKILL
 def test_second_driver_refused_and_lock_released_by_sigkill(tmp_path: Path) -> None:
     cfg = tmp_path / "locked.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
