@@ -553,12 +553,12 @@ def _refuse_shadowed(raw: dict[str, Any], overrides: Sequence[Override]) -> None
         for axis, choices in grid.items():
             if not isinstance(axis, str):
                 continue
-            if _caused(axis, o.path) and not axis.startswith(o.path + "."):
+            if _within(o.path, axis):
                 raise ConfigError(o.path, f"is a grid axis (grid.{axis}): every grid point sets it, so this "
                                   "override would change nothing", f"choose the axis's values instead, e.g. "
                                   f"'grid.{axis}=[{value}]'")
             if isinstance(choices, dict) and choices and all(
-                isinstance(ov, dict) and any(_caused(k, o.path) and not k.startswith(o.path + ".") for k in ov)
+                isinstance(ov, dict) and any(_within(o.path, k) for k in ov)
                 for ov in choices.values()
             ):
                 first = next(iter(choices))
@@ -610,6 +610,11 @@ def load(path: Path, seeds_override: int | None = None, overrides: Sequence[str]
 def _cut(text: str, width: int = 60) -> str:
     """``text`` as a field name in a message: at most ``width`` characters."""
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _within(path: str, field: str) -> bool:
+    """Whether setting ``field`` sets ``path`` (the same field, or a block holding it)."""
+    return path == field or path.startswith(field + ".")
 
 
 def _caused(path: str, field: str) -> bool:

@@ -227,18 +227,17 @@ def _check_inside(base: dict[str, Any], path: str, rng: ParamSpace, whole: bool)
     whole number (``whole``) that refuses a fraction."""
     field = f"tune.space.{path}"
     lo, hi = rng.low, rng.high
+    values: list[Any]
     if rng.type == "float":
-        inside = [lo * (hi / lo) ** f if rng.log else lo + (hi - lo) * f for f in (0.37, 0.5, 0.75)]
-        problem = _refusal(base, path, inside[0])
-        if whole and problem is not None and problem.field == path:
-            raise ConfigError(field, f"a float range on a whole-number field ({inside[0]:.4g} is refused: "
-                              f"{problem.problem})", "add `type: int` to the range")
-        values: list[Any] = inside
+        values = [lo * (hi / lo) ** f if rng.log else lo + (hi - lo) * f for f in (0.37, 0.5, 0.75)]
     elif hi - lo + 1 <= INT_VALUES_CHECKED:
         values = list(range(int(lo), int(hi) + 1))
     else:
         values = sorted({int(lo + (hi - lo) * f) for f in (0.1, 0.25, 0.37, 0.5, 0.75, 0.9)})
     refused = [(v, problem) for v in values if (problem := _refusal(base, path, v)) is not None]
+    if rng.type == "float" and whole and refused and refused[0][0] == values[0] and refused[0][1].field == path:
+        raise ConfigError(field, f"a float range on a whole-number field ({values[0]:.4g} is refused: "
+                          f"{refused[0][1].problem})", "add `type: int` to the range")
     if refused:
         shown = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v, _ in refused[:8])
         more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""

@@ -217,8 +217,6 @@ class BundleRun:
         """Of :attr:`wall_s`, the seconds in the rounds' evaluations (curves, selection)."""
         self.final_eval_s = 0.0
         """Seconds in :meth:`finalize`'s evaluation of every split."""
-        self.round_s = (0.0, 0.0)
-        """The last round's seconds: training steps, evaluation (shown in progress lines)."""
         self.last_eval: dict[str, list[dict[str, float]]] = {}
         self._check_splits()
 
@@ -382,7 +380,6 @@ class BundleRun:
         self._evaluate_round(running, epoch)
         self._compact()
         t2 = time.perf_counter()
-        self.round_s = (t1 - t0, t2 - t1)
         self.wall_s += t2 - t0
         self.eval_s += t2 - t1
         return {
@@ -390,7 +387,7 @@ class BundleRun:
             "step": self.step,
             "active": sum(m.active for m in self.members),
             "objective": float(np.nanmean(objective)) if n_examples else float("nan"),
-            "round_s": list(self.round_s),
+            "round_s": [t1 - t0, t2 - t1],  # training steps, evaluation (shown in progress lines)
         }
 
     def _mark_diverged(self, bad: torch.Tensor) -> None:
