@@ -504,11 +504,12 @@ class StudyInfo:
     """Committed runs that never learned (e.g. Weber et al.'s stopping rule): counted apart."""
     diverged: int
     failed: int
-    """Committed runs recorded as failed (``study resume --skip-failed``)."""
+    """Committed runs recorded as failed (``study resume --skip-failed``); ``study ls`` adds
+    the seeds the last run's failed trials left uncommitted (``study.status``)."""
     pending: int | None
-    """Runs planned and not yet committed, failed ones included (``study status`` tells
-    them apart): a seed study's; ``None`` without a manifest and for a tuning study (a
-    pruned candidate's seeds are never committed)."""
+    """Runs planned and not yet committed (``study ls``: not counting failed ones): a seed
+    study's; ``None`` without a manifest and for a tuning study (a pruned candidate's seeds
+    are never committed)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -609,8 +610,8 @@ def format_studies(infos: list[StudyInfo], fmt: str = "table") -> str:
     why its ``pending`` is blank."""
     text = format_rows(infos, fmt, columns=list(StudyInfo.__dataclass_fields__))
     if fmt == "table" and any(i.pending for i in infos):
-        text += ("\n(pending: planned runs not committed yet, failed ones included; "
-                 "`study status NAME` tells failed from pending)")
+        text += ("\n(pending: planned runs not committed yet and not failed; "
+                 "`study status NAME` shows them per config)")
     if fmt == "table" and any(i.kind == "tune" for i in infos):
         text += ("\n(pending is blank for a tuning study: a pruned candidate commits no runs; "
                  "`study status NAME` counts its candidates by state)")

@@ -107,7 +107,7 @@ def run(
 
     Each bundle (the seeds of one config trained together) is one Ray Tune trial; each run
     (config x seed) lands in Parquet."""
-    from study.config import load
+    from study.config import load, partly_shadowed
     from study.runner import run_study
 
     if from_best is not None:
@@ -137,6 +137,8 @@ def run(
             _fail(f"{tuning.partition('=')[0].strip()}: only `study tune` reads the tune: block, so on `study run` "
                   "this override would change nothing. Fix: leave it out, or run `study tune` with it")
         study_name, extra = _study_name(name, cfg.name), None
+        for note in partly_shadowed(cfg):
+            typer.echo(note, err=True)
         if cfg.tune is not None:
             typer.echo(f"note: {config} has a tune: block, which `study tune` searches with; `study run` "
                        "trains the file's own config(s) x seeds without it", err=True)
@@ -301,10 +303,13 @@ def ls(out: OutOpt = Path("results"), fmt: FormatOpt = "table") -> None:
     """List studies with their counts.
 
     configs: grid points (a tuning study: candidates) planned; planned and done count runs
-    (one config x one seed); ok, failed and diverged split the done runs."""
+    (one config x one seed); ok, diverged and not_learned split the done runs; failed counts
+    runs recorded as failed and the seeds the last run's failed trials left uncommitted, as
+    `study status` does, and pending the rest of the planned runs."""
     from analysis.db import format_studies, list_studies
+    from study.status import with_uncommitted_failures
 
-    typer.echo(format_studies(list_studies(out), fmt))
+    typer.echo(format_studies(with_uncommitted_failures(out, list_studies(out)), fmt))
 
 
 @app.command()

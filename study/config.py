@@ -568,6 +568,26 @@ def _refuse_shadowed(raw: dict[str, Any], overrides: Sequence[Override]) -> None
                                   "the study file")
 
 
+def partly_shadowed(cfg: StudyConfig) -> list[str]:
+    """Notes for the command line's overrides that some values of a mapping grid axis set
+    again in the study file (those points keep the file's value): the override applies to
+    the other points only, which a user who meant all of them would not see."""
+    grid = cfg.raw.get("grid")
+    notes: list[str] = []
+    if not isinstance(grid, dict):
+        return notes
+    for o in (parse_override(t) for t in cfg.overrides):
+        for axis, choices in grid.items():
+            if not isinstance(choices, dict) or o.path.split(".")[0] not in ("task", "model", "train", "seeds"):
+                continue
+            own = [str(v) for v, ov in choices.items() if isinstance(ov, dict) and any(_within(o.path, k) for k in ov)]
+            if own:  # not every value: _refuse_shadowed refused that
+                notes.append(f"note: {o.text} applies to {len(choices) - len(own)} of the {len(choices)} values of "
+                             f"grid.{axis}; {', '.join(own)} set{'s' if len(own) == 1 else ''} {o.path} in the study "
+                             "file, which wins there")
+    return notes
+
+
 def _space_parts(path: str) -> list[str] | None:
     """``tune.space.<dotted field>[.low|high|log|type]`` as the blocks it sets (a space key
     is itself a dotted field: ``tune.space.train.lr.high`` sets ``high`` of ``train.lr``);

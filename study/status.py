@@ -9,6 +9,7 @@ second; a test runs it in a subprocess and checks ``sys.modules``."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -154,6 +155,22 @@ def _ended(record: dict[str, Any]) -> str:
 def _stop_line(record: dict[str, Any]) -> list[str]:
     """The line saying why the recorded run stopped early, if it did."""
     return [f"last run (ended {_ended(record)}) stopped early: {record['stopped']}"] if record.get("stopped") else []
+
+
+def with_uncommitted_failures(out: Path, infos: list[Any]) -> list[Any]:
+    """``study ls`` rows (:class:`analysis.db.StudyInfo`) counting failures as ``study status``
+    does: a seed study's ``failed`` adds the seeds its last run's failed trials left
+    uncommitted, and its ``pending`` leaves them out (it counted them as pending while
+    ``study status`` said failed). Only a study whose last run failed is read again."""
+    rows = []
+    for info in infos:
+        record = last_run(out, info.name) if info.kind == "seeds" and info.pending else None
+        if record and record.get("failed"):
+            lost = sum(len(seeds) for _, seeds in still_failed(record, committed_runs(out, info.name)))
+            lost = min(lost, info.pending)
+            info = dataclasses.replace(info, failed=info.failed + lost, pending=info.pending - lost)
+        rows.append(info)
+    return rows
 
 
 def study_manifest(out: Path, name: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,6 +43,7 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path: Path) -> None:
     assert "unknown stage 'contrakt'" in done.stderr and "contract-graphs" in done.stderr
 
 
+@pytest.mark.slow  # 26 s; the GPU kit's stages are checked by name in the default run
 def test_a_study_comes_back_as_one_tarball_that_analyzes_here(tmp_path: Path) -> None:
     """The `study` stage on this CPU (a tiny study; the installed packages stand in for the
     kit): its tables come back in `$OUT/results.tgz` (the tool that runs it sends back no

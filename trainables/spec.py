@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -350,37 +351,85 @@ BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
 """Pydantic's range errors: the comparison a fix asks for, and its ``ctx`` key."""
 
 
+def _field(schema: type[FrozenConfig], loc: tuple[Any, ...]) -> Any:
+    """The pydantic ``FieldInfo`` a location names, through nested config blocks (None when
+    the location leaves the schema, e.g. a plugin's free-form mapping)."""
+    info = None
+    for part in loc:
+        fields = getattr(schema, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            return info if isinstance(part, int) else None
+        info = fields[part]
+        schema = info.annotation
+    return info
+
+
+def _fixed_tuple(info: Any) -> str | None:
+    """For a fixed-length tuple field (``tuple[float, float]``), the fix that says how many
+    values it takes, with its default as the example; None for any other field."""
+    args = typing.get_args(info.annotation) if info is not None else ()
+    if typing.get_origin(info.annotation if info is not None else None) is not tuple or not args or ... in args:
+        return None
+    example = info.default if isinstance(info.default, tuple) else ("a",) * len(args)
+    return f"write {len(args)} values in a list, e.g. [{', '.join(str(v) for v in example)}]"
+
+
+def _fix(err: Any, info: Any) -> str:
+    """What to write instead, for one pydantic error of a field (``info``: its FieldInfo)."""
+    kind, got, ctx = err["type"], err.get("input"), err.get("ctx", {})
+    if kind in ("tuple_type", "too_long", "too_short", "missing") and (tuple_fix := _fixed_tuple(info)):
+        return tuple_fix
+    if kind == "finite_number":
+        return "give a finite number (.inf and .nan are not allowed)"
+    if kind == "bool_not_number":
+        return "write a number or a name (true / false are not numbers)"
+    if kind in ("bool_parsing", "bool_type"):
+        return "write true or false"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "write a block of `field: value` lines there (see configs/quickstart.yaml)"
+    if kind in BOUNDS and BOUNDS[kind][1] in ctx:  # the bound, not the message again
+        op, key = BOUNDS[kind]
+        return f"use a value {op} {ctx[key]}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "write a whole number there, e.g. 8"
+    if kind in ("float_parsing", "float_type"):
+        return "write a number there, e.g. 0.05 or 1e-3"
+    if kind in ("tuple_type", "list_type", "set_type") and not isinstance(got, (list, tuple)):
+        return f"write a list, e.g. [{got}]" if isinstance(got, (str, int, float)) else "write a list, e.g. [a, b]"
+    if kind in ("too_long", "too_short") and "max_length" in ctx:
+        return f"give at most {ctx['max_length']} items, not {ctx['actual_length']}"
+    if kind in ("too_long", "too_short") and "min_length" in ctx:
+        return f"give at least {ctx['min_length']} items, not {ctx['actual_length']}"
+    if kind == "literal_error" and "expected" in ctx:
+        return f"write {ctx['expected']}" if "," not in ctx["expected"] else f"use one of {ctx['expected']}"
+    if "expected" in ctx:
+        return f"use one of {ctx['expected']}"
+    return err["msg"][0].lower() + err["msg"][1:]
+
+
 def config_error(exc: ValidationError, prefix: str, schema: type[FrozenConfig]) -> ConfigError:
     errors = exc.errors()
     err = errors[0]
-    loc = ".".join(str(p) for p in (prefix, *_field_loc(err["loc"])) if p != "")
+    where = _field_loc(err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":
-        fields = ", ".join(schema.model_fields)
-        return ConfigError(loc, "unknown field", f"remove it or use one of: {fields}")
-    if kind == "missing":
+        loc = ".".join(str(p) for p in (prefix, *where) if p != "")
+        block = _field(schema, where[:-1]) if len(where) > 1 else None  # a nested block's own fields
+        fields = getattr(block.annotation, "model_fields", None) if block is not None else schema.model_fields
+        return ConfigError(loc, "unknown field", f"remove it or use one of: {', '.join(fields or ())}"
+                           if fields else "remove it")
+    info = _field(schema, where)
+    if kind == "missing" and where and isinstance(where[-1], int) and _fixed_tuple(info):
+        where = where[:-1]  # adam_betas.1 missing: the list is short
+    loc = ".".join(str(p) for p in (prefix, *where) if p != "")
+    if kind == "missing" and not _fixed_tuple(info):
         return ConfigError(loc, "required field missing", "add it to the config")
-    got = err.get("input")
-    fix = err["msg"][0].lower() + err["msg"][1:]
-    if kind == "finite_number":
-        fix = "give a finite number (.inf and .nan are not allowed)"
-    elif kind == "bool_not_number":
-        fix = "write a number or a name (true / false are not numbers)"
-    elif kind in ("dict_type", "model_type", "model_attributes_type"):
-        fix = "write a block of `field: value` lines there (see configs/quickstart.yaml)"
-    elif kind in BOUNDS and BOUNDS[kind][1] in err.get("ctx", {}):  # the bound, not the message again
-        op, key = BOUNDS[kind]
-        fix = f"use a value {op} {err['ctx'][key]}"
-    elif kind in ("int_parsing", "int_type", "int_from_float"):
-        fix = "write a whole number there, e.g. 8"
-    elif kind in ("float_parsing", "float_type"):
-        fix = "write a number there, e.g. 0.05 or 1e-3"
-    elif kind in ("tuple_type", "list_type", "set_type") and not isinstance(got, (list, tuple)):
-        fix = f"write a list, e.g. [{got}]" if isinstance(got, (str, int, float)) else "write a list, e.g. [a, b]"
-    if "ctx" in err and "expected" in err["ctx"]:
-        fix = f"use one of {err['ctx']['expected']}"
+    if kind == "missing":
+        return ConfigError(loc, "too few values", _fix(err, info))
     alternatives = [e for e in errors if _field_loc(e["loc"]) == _field_loc(err["loc"])]
     if len(alternatives) > 1 and tuple(err["loc"]) != tuple(_field_loc(err["loc"])):
         # a union (e.g. an integer or "auto"): say what each alternative wants
-        fix = "; or ".join(dict.fromkeys(e["msg"][0].lower() + e["msg"][1:] for e in alternatives))
-    return ConfigError(loc, f"invalid value {got!r} ({err['msg']})", fix)
+        fix = "; or ".join(dict.fromkeys(_fix(e, info) for e in alternatives))
+    else:
+        fix = _fix(err, info)
+    return ConfigError(loc, f"invalid value {err.get('input')!r} ({err['msg']})", fix)

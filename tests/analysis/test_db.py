@@ -346,7 +346,31 @@ def test_list_studies_counts_committed_runs(out: Path) -> None:
     assert lines[0].split()[:4] == ["name", "kind", "task", "model"]
     assert lines[-1].startswith("(pending is blank for a tuning study: a pruned candidate commits no runs")
     assert "pending is blank" not in format_studies([s1, s2])
-    assert "(pending: planned runs not committed yet, failed ones included; `study status NAME`" in lines[-2]
-    assert "failed ones included" not in format_studies([s2])  # nothing pending: no note
+    assert "(pending: planned runs not committed yet and not failed; `study status NAME`" in lines[-2]
+    assert "not committed yet" not in format_studies([s2])  # nothing pending: no note
     listed = json.loads(format_studies(list_studies(out), "json"))
     assert [(r["name"], r["done"]) for r in listed] == [("planned_only", 0), ("s1", 2), ("s2", 1), ("s4", 1)]
+
+
+def test_ls_counts_the_last_runs_failed_seeds_as_failed_like_status(out: Path) -> None:
+    """`study ls` called a seed the last run's failed trial left uncommitted "pending" where
+    `study status` said "failed"; both now count it failed. A failed seed committed since
+    (a resume) is neither; a study whose last run did not fail keeps its counts."""
+    from typer.testing import CliRunner
+
+    from study.cli import app
+    from study.status import study_status, with_uncommitted_failures
+
+    # s1: t1 plans 3 seeds, 0 and 1 committed; the last run failed seeds 1 (committed since) and 2
+    (out / "s1" / "last_run.json").write_text(json.dumps(
+        {"ended_at": "2026-11-28T12:00:00+00:00", "stopped": None,
+         "failed": [{"trial_id": "t1", "seeds": [1, 2], "error": "boom", "point": "{}"}]}))  # fmt: skip
+    infos = {i.name: i for i in with_uncommitted_failures(out, list_studies(out))}
+    s1 = infos["s1"]
+    assert (s1.done, s1.ok, s1.failed, s1.pending) == (2, 2, 1, 0)
+    assert infos["s2"] == next(i for i in list_studies(out) if i.name == "s2")
+    row = study_status(out, "s1", json.loads((out / "s1" / "study.json").read_text()),
+                       {("t1", 0): "ok", ("t1", 1): "ok"})  # fmt: skip
+    assert (row[0]["failed"], row[0]["pending"]) == (s1.failed, s1.pending)
+    listed = json.loads(CliRunner().invoke(app, ["ls", "--out", str(out), "--format", "json"]).output)
+    assert [(r["name"], r["failed"], r["pending"]) for r in listed if r["name"] == "s1"] == [("s1", 1, 0)]

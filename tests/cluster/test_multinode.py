@@ -232,6 +232,7 @@ def test_worker_process_killed_mid_trial_resumes_from_checkpoint(
     assert len(got) > 0 and got == want
 
 
+@pytest.mark.slow  # 37 s; the default run keeps a worker killed mid-trial and the local kill/resume stories
 def test_driver_killed_mid_study_then_resume_finishes(cluster: Cluster, out: Path) -> None:
     name = "killdriver"  # six seeds = three trials on two one-CPU nodes: a third waits
     cluster.ensure_workers(1)
@@ -260,6 +261,7 @@ def test_driver_killed_mid_study_then_resume_finishes(cluster: Cluster, out: Pat
         assert written["committed_at"] == row["committed_at"]
 
 
+@pytest.mark.slow  # 23 s; the default run keeps a worker process killed mid-trial
 def test_worker_node_removed_mid_study_reschedules_on_remaining_node(
     cluster: Cluster, out: Path
 ) -> None:

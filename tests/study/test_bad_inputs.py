@@ -671,8 +671,18 @@ def test_bad_symbol_rewriting_files_are_refused(tmp_path: Path, content: str | b
 @pytest.mark.parametrize(
     ("override", "fix"),
     [("seeds.root=-1", "Fix: use a value >= 0"), ("model.dropout=2", "Fix: use a value < 1"),
-     ("train.batch_size=abc", "Fix: write a whole number there"), ("train.lr=fast", "Fix: write a number there")],
-    ids=["ge", "lt", "int", "float"],
+     ("train.batch_size=abc", "Fix: write a whole number there"), ("train.lr=fast", "Fix: write a number there"),
+     # a union says what each alternative takes; a pair says it needs two values and shows the default
+     ("execution.bundle_size=0", "Fix: use a value >= 1; or write 'auto'"),
+     ("execution.bundle_size=many", "Fix: write a whole number there, e.g. 8; or write 'auto'"),
+     ("train.adam_betas=0.9", "Fix: write 2 values in a list, e.g. [0.9, 0.999]"),
+     ("train.adam_betas=[0.9]", "too few values (set on the command line by 'train.adam_betas=[0.9]'). Fix: write 2"),
+     ("task.train_lengths=[1,3,5]", "Fix: write 2 values in a list, e.g. [5, 10]"),
+     ("train.selection.early_stop=maybe", "Fix: write true or false"),
+     # a nested block's unknown field lists that block's fields, not train's
+     ("train.selection.patiense=2", "Fix: remove it or use one of: split, metric, mode, early_stop, patience,")],
+    ids=["ge", "lt", "int", "float", "union-bound", "union-word", "pair-scalar", "pair-short", "pair-long",
+         "bool", "nested-unknown"],
 )
 def test_a_field_out_of_range_names_the_bound_as_its_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, fix: str

@@ -19,7 +19,7 @@ import yaml
 from tests_support import TINY_STUDY
 
 from study import cli
-from study.config import load, parse_override
+from study.config import load, parse_override, partly_shadowed
 
 TINY: dict[str, Any] = {**TINY_STUDY, "name": "ovr"}
 OVERRIDES = ["train.lr=0.25", "seeds.count=2", "model.hidden_size=6"]
@@ -142,6 +142,23 @@ def test_an_override_every_grid_point_replaces_is_refused(
     some = {"train.lr": {0.1: {"model.hidden_size": 6}, 0.2: None}}
     points = load(write(tmp_path, {**TINY, "grid": some}), None, ["model.hidden_size=8"]).points
     assert [p.spec.model.hidden_size for p in points] == [6, 8]
+
+
+def test_an_override_some_grid_points_replace_is_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray: None
+) -> None:
+    """It applies to the other points only, and said nothing (`task.random_start=0` on the
+    length study trains addition with the file's 30)."""
+    some = {"train.lr": {0.1: {"model.hidden_size": 6}, 0.2: None, 0.3: {"train.batch_size": 2}}}
+    config = write(tmp_path, {**TINY, "grid": some})
+    assert partly_shadowed(load(config, None, ["train.batch_size=4"])) == [
+        "note: train.batch_size=4 applies to 2 of the 3 values of grid.train.lr; 0.3 sets train.batch_size "
+        "in the study file, which wins there"]
+    assert partly_shadowed(load(config, None, ["train.clip_norm=1"])) == []
+    with pytest.raises(RayStarted):  # a note, not a refusal: the study goes on to Ray
+        cli.cli_main(["run", str(config), "model.hidden_size=8", "--out", str(tmp_path / "results")])
+    assert ("note: model.hidden_size=8 applies to 2 of the 3 values of grid.train.lr; 0.1 sets "
+            "model.hidden_size in the study file") in capsys.readouterr().err
 
 
 def test_a_tune_space_override_sets_one_searched_field(tmp_path: Path) -> None:

@@ -123,7 +123,7 @@ def test_a_tuning_objective_on_an_unknown_split_is_refused_before_ray(folders: t
     assert line.startswith("error: tune.objective.split: ") and "val_ood" in line, line
 
 
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 2])  # one at a time: 27 s, -m slow
 def test_a_search_over_a_study_files_plugin_trains_its_candidates(folders: tuple[Path, Path], batch: int) -> None:
     """Before: every candidate of `study tune` failed on its worker with "unknown task 'blobs'"
     (exit 1): the worker resolved the candidate's config before importing the study's plugins."""
@@ -350,6 +350,7 @@ def test_a_field_a_plugin_added_is_named_when_it_moves_the_config(folders: tuple
     assert "the resolved config moved: task.spread (unset) -> 0.7" in line and "added_field" in line, line
 
 
+@pytest.mark.slow  # 27 s of subprocess studies
 def test_changed_plugin_code_is_recorded_per_trial_and_warned_about(folders: tuple[Path, Path]) -> None:
     """Before: a plugin edited between two runs of one study mixed old-code and new-code
     seeds silently, and nothing recorded the plugin's code. Now each trial's versions_json
