@@ -367,8 +367,9 @@ def _field(schema: type[FrozenConfig], loc: tuple[Any, ...]) -> Any:
 def _fixed_tuple(info: Any) -> str | None:
     """For a fixed-length tuple field (``tuple[float, float]``), the fix that says how many
     values it takes, with its default as the example; None for any other field."""
-    args = typing.get_args(info.annotation) if info is not None else ()
-    if typing.get_origin(info.annotation if info is not None else None) is not tuple or not args or ... in args:
+    annotation = getattr(info, "annotation", None)
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is not tuple or not args or ... in args:
         return None
     example = info.default if isinstance(info.default, tuple) else ("a",) * len(args)
     return f"write {len(args)} values in a list, e.g. [{', '.join(str(v) for v in example)}]"
