@@ -17,7 +17,14 @@ import pandas as pd
 from analysis import queries as q
 from analysis.db import connect, result_studies
 from analysis.errors import unknown_study
-from analysis.manifest import Axis, Manifest, RegressionDecl, load_manifest
+from analysis.manifest import (
+    Axis,
+    Manifest,
+    MetricSense,
+    RegressionDecl,
+    guessed_sense,
+    load_manifest,
+)
 from analysis.schema import ROLE_ORDER
 
 
@@ -57,6 +64,11 @@ class StudyContext:
         """True when the study has several grid points (colour by point)."""
         return self.evals["point"].nunique() > 1 if not self.evals.empty else False
 
+    def sense(self, metric: str) -> MetricSense:
+        """How ``metric`` reads (which way is better, its range): the task's declaration in
+        the manifest, else guessed from the name (a study from before the declarations)."""
+        return self.manifest.declarations.sense(metric) if self.manifest else guessed_sense(metric)
+
     def has(self, axis: Axis, table: str = "evals") -> bool:
         """Whether ``table`` (evals or metrics) has values of ``axis``'s split and metric."""
         if table == "evals":
@@ -92,7 +104,8 @@ def _primary(m: Manifest | None, metrics: list[str]) -> str | None:
         return declared
     if "accuracy" in metrics:
         return "accuracy"
-    good = [x for x in metrics if q.higher_is_better(x)] or metrics
+    sense = m.declarations.sense if m else guessed_sense
+    good = [x for x in metrics if sense(x).higher_is_better] or metrics
     return good[0] if good else None
 
 

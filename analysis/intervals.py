@@ -118,13 +118,14 @@ def mean_interval(
 
 def diff_interval(
     a: Any, b: Any, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0,
-    method: str = "welch-t", unit: bool = False,
+    method: str = "welch-t", span: float | None = None,
 ) -> Interval:
     """Interval of mean(a) - mean(b) for independent samples ``a`` (n_a,), ``b`` (n_b,).
 
-    ``unit``: both are values of a metric within [0, 1], whose difference lies in [-1, 1]:
-    the bounds are clipped there (a t interval of runs near 1 against runs near 0 reached
-    1.08); 0 is inside, so whether the interval excludes 0 does not change.
+    ``span``: the width of the metric's range (1 for a metric within [0, 1]), so the
+    difference lies in [-span, span]: the bounds are clipped there (a t interval of runs
+    near 1 against runs near 0 of an accuracy reached 1.08); 0 is inside, so whether the
+    interval excludes 0 does not change. None: unbounded.
 
     ``welch-t`` (default): Welch's t interval (``scipy.stats.ttest_ind(equal_var=False)``),
     the interval of the test whose p the verdict prints, so the two never disagree (the
@@ -149,7 +150,7 @@ def diff_interval(
             # other sample's spread alone); the warning reached `study analyze`'s terminal.
             warnings.filterwarnings("ignore", message="Precision loss occurred in moment calculation")
             ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(level)
-        low, high = (max(float(ci.low), -1.0), min(float(ci.high), 1.0)) if unit else (float(ci.low), float(ci.high))
+        low, high = _within(float(ci.low), float(ci.high), span)
         return Interval(est, low, high, level, "welch-t", n)
 
     def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -158,9 +159,13 @@ def diff_interval(
     lo, hi, used = _scipy_bootstrap(
         (x, y), stat, n_boot=n_boot, level=level, seed=seed, method=method
     )
-    if unit:
-        lo, hi = max(lo, -1.0), min(hi, 1.0)
+    lo, hi = _within(lo, hi, span)
     return Interval(est, lo, hi, level, used, n)
+
+
+def _within(low: float, high: float, span: float | None) -> tuple[float, float]:
+    """(low, high) clipped to [-span, span] (unchanged when ``span`` is None)."""
+    return (low, high) if span is None else (max(low, -span), min(high, span))
 
 
 def a12(a: Any, b: Any) -> float:

@@ -19,6 +19,10 @@ Declarations understood (all optional, under ``manifest["analysis"]``):
   that metric and in the report's verdict;
 * ``primary_metric``: the metric of the distribution chart and summaries (default
   ``accuracy`` when present);
+* ``metrics``: ``{metric: {"better": "higher" | "lower", "low": x | null, "high": x | null}}``
+  - how each metric reads, written by the study from the task's declaration
+  (``trainables.metrics``): which config is better and the range intervals stay in
+  (:meth:`Declarations.sense`);
 * ``verdict``: ``{"metric"?: str, "splits"?: [spec]}`` - what the verdict speaks about,
   headline split first (default: the primary metric on the test splits); a spec is a split
   or a pooled split ``NAME=A+B+...``, the per-run mean over those splits
@@ -91,6 +95,54 @@ class BoundaryDecl:
         return BoundaryDecl(low, high, n, self.split, self.metric, self.axes)
 
 
+LOWER_IS_BETTER: tuple[str, ...] = ("loss", "nll", "error", "perplexity", "ppl")
+"""Metric names (or name parts) taken as lower-is-better in a study whose manifest declares
+no ``metrics`` (one written before the declarations existed)."""
+
+
+@dataclass(frozen=True)
+class MetricSense:
+    """How a metric reads: which way is better and, where declared, its range."""
+
+    higher_is_better: bool = True
+    low: float | None = None
+    """The least value it can take (None: unbounded, or not declared)."""
+    high: float | None = None
+    """The greatest value it can take (None: unbounded, or not declared)."""
+    declared: bool = False
+    """Whether the task declared it; else guessed from the name (:data:`LOWER_IS_BETTER`)."""
+
+    @property
+    def span(self) -> float | None:
+        """``high - low`` when both ends are known: a difference of two means lies in +-span."""
+        return None if self.low is None or self.high is None else self.high - self.low
+
+    @property
+    def unit(self) -> bool:
+        """A metric within [0, 1] (a share, a probability)."""
+        return (self.low, self.high) == (0.0, 1.0)
+
+
+def guessed_sense(metric: str) -> MetricSense:
+    """A metric no declaration names: lower is better for loss-like names, range unknown."""
+    m = metric.lower()
+    return MetricSense(higher_is_better=not any(part in m for part in LOWER_IS_BETTER))
+
+
+def _senses(value: Any, unknown: list[str]) -> dict[str, MetricSense]:
+    out = {}
+    for name, d in value.items() if isinstance(value, dict) else ():
+        try:
+            low, high = (None if d.get(k) is None else float(d[k]) for k in ("low", "high"))
+            if d.get("better") not in ("higher", "lower"):
+                raise ValueError(d.get("better"))
+        except (AttributeError, TypeError, ValueError):
+            unknown.append(f"metrics.{name} (not {{better, low, high}})")
+            continue
+        out[str(name)] = MetricSense(d["better"] == "higher", low, high, declared=True)
+    return out
+
+
 @dataclass(frozen=True)
 class Declarations:
     """What the task declared for analysis, normalised."""
@@ -112,7 +164,13 @@ class Declarations:
     """The raw ``aggregates`` entries (parsed by :func:`analysis.aggregates.parse_aggregates`)."""
     events: tuple[Any, ...] = ()
     """The raw ``events`` entries (parsed by :func:`analysis.survival.event_from_declaration`)."""
+    metrics: dict[str, MetricSense] = field(default_factory=dict)
+    """metric name -> how it reads, as the task declared it (see :meth:`sense`)."""
     unknown: tuple[str, ...] = ()
+
+    def sense(self, metric: str) -> MetricSense:
+        """How ``metric`` reads: the task's declaration, else guessed from its name."""
+        return self.metrics.get(metric) or guessed_sense(metric)
 
 
 @dataclass(frozen=True)
@@ -345,6 +403,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
     events: tuple[Any, ...] = ()
     verdict_metric: str | None = None
     verdict_splits: tuple[str, ...] = ()
+    senses: dict[str, MetricSense] = {}
     unknown: list[str] = []
     for key, value in decl.items():
         if key == "scatter" and isinstance(value, list | tuple) and len(value) >= 2:
@@ -378,6 +437,8 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
             boundary = _boundary(value, key, unknown)
         elif key == "primary_metric":
             pass
+        elif key == "metrics" and isinstance(value, dict):
+            senses = _senses(value, unknown)
         elif key == "metric_definitions" and isinstance(value, dict):
             definitions = {str(k): str(v) for k, v in value.items()}
         elif key == "aggregates" and isinstance(value, list | tuple):
@@ -404,6 +465,7 @@ def parse_declarations(decl: dict[str, Any]) -> Declarations:
         events=events,
         verdict_metric=verdict_metric,
         verdict_splits=verdict_splits,
+        metrics=senses,
         unknown=tuple(unknown),
     )
 

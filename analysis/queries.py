@@ -14,11 +14,8 @@ import duckdb
 import pandas as pd
 
 from analysis.errors import AnalysisError, unknown_study
-from analysis.manifest import Axis, point_label
+from analysis.manifest import Axis, guessed_sense, point_label
 from analysis.schema import ROLE_ORDER
-
-LOWER_IS_BETTER: tuple[str, ...] = ("loss", "nll", "error", "perplexity", "ppl")
-"""Metric names (or name parts) for which a smaller value is better."""
 
 _POINTS = (
     "points AS (SELECT study, trial_id, any_value(point_json ORDER BY started_at) AS point_json "
@@ -36,9 +33,10 @@ _ROLE_RANK = _role_rank()
 
 
 def higher_is_better(metric: str) -> bool:
-    """False for loss-like metrics (see :data:`LOWER_IS_BETTER`), else True."""
-    m = metric.lower()
-    return not any(part in m for part in LOWER_IS_BETTER)
+    """The guess for a metric no declaration names: False for loss-like names (see
+    :data:`analysis.manifest.LOWER_IS_BETTER`), else True. A study's own reading is
+    ``StudyContext.sense(metric)``, the task's declaration."""
+    return guessed_sense(metric).higher_is_better
 
 
 def _where(study: str | None, metric: str | None = None, alias: str = "e") -> tuple[str, list[str]]:
@@ -354,9 +352,10 @@ def prediction_counts(
     """Per run and split: number of predicted examples and how many were correct.
 
     Columns: trial_id, seed, split, n, correct. (Enough for an exact bootstrap over
-    examples of the accuracy: see :func:`analysis.stats.accuracy_bootstrap`.)
+    examples of the accuracy: see :func:`analysis.stats.accuracy_bootstrap`.) Rows whose
+    ``correct`` is null (a task whose primary metric is no share, e.g. an error) are left out.
     """
-    where, params = "WHERE study = ?", [study]
+    where, params = "WHERE study = ? AND correct IS NOT NULL", [study]
     if splits:
         where += f" AND split IN ({', '.join('?' for _ in splits)})"
         params += list(splits)

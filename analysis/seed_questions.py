@@ -246,7 +246,7 @@ def study_seed_counts(
     if shown is not None:
         ok = ok[ok["point"].isin(shown)]
     h0, d0, how = (
-        sc.default_targets(ok["value"])
+        sc.default_targets(ok["value"], ctx.sense(metric) if metric else None)
         if not ok.empty
         else (sc.UNIT_HALF_WIDTH, sc.UNIT_DIFFERENCE, "")
     )

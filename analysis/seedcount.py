@@ -32,6 +32,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from analysis import intervals as iv
+from analysis.manifest import MetricSense
 
 MAX_SEEDS = 100_000
 """Search cap: a count above this is reported as ``None`` (not reachable in practice)."""
@@ -124,11 +125,14 @@ def seeds_for_power(
     return _smallest(lambda n: welch_power(diff, sd_a, sd_b, n, n, alpha) >= power)
 
 
-def default_targets(values: pd.Series) -> tuple[float, float, str]:
+def default_targets(values: pd.Series, sense: MetricSense | None = None) -> tuple[float, float, str]:
     """(half-width, difference, how they were chosen) for a metric's values: +-0.02 and
-    0.05 (2 and 5 points) for a metric within [0, 1], else 2% and 5% of |mean|."""
+    0.05 (2 and 5 points) for a metric within [0, 1], else 2% and 5% of |mean|. The range
+    is the task's declaration (``sense``); without one, values all within [0, 1] count as
+    such a metric."""
     v = values.dropna()
-    if v.empty or (v.min() >= 0 and v.max() <= 1):
+    unit = sense.unit if sense is not None and sense.declared else v.empty or (v.min() >= 0 and v.max() <= 1)
+    if unit:
         return UNIT_HALF_WIDTH, UNIT_DIFFERENCE, "points of a [0, 1] metric"
     scale = abs(float(v.mean())) or 1.0
     return RELATIVE[0] * scale, RELATIVE[1] * scale, "2% / 5% of the mean"

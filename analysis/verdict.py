@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -134,6 +134,7 @@ def compare_configs(
     splits: list[str],
     *,
     higher_is_better: bool = True,
+    span: float | Literal["guess"] | None = "guess",
     level: float = 0.95,
     n_boot: int = 2000,
     seed: int = 0,
@@ -143,7 +144,9 @@ def compare_configs(
 
     ``values``: columns point, split, value (ok runs). Each row names the ``better`` config
     (higher mean, or lower for a loss) first: ``diff`` = mean_better - mean_worse with
-    Welch's t interval (within [-1, 1] when every value of both lies in [0, 1]), Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
+    Welch's t interval (kept within +-``span``, the metric's declared high - low, None:
+    unbounded; ``"guess"``, for a study whose task declared no range: +-1 when every value
+    of both lies in [0, 1]), Hedges g, ``a12`` = P(a run of ``better`` beats one of ``worse``)
     with a bootstrap interval (NaN bounds where every resample gives the same a12), Welch's
     p and Holm's adjustment over every row that has a p (one family; rows where neither
     config varies have none).
@@ -163,8 +166,8 @@ def compare_configs(
         for j, (a, b) in enumerate(pairs):
             x, y = groups[a], groups[b]
             c = stats.compare(x, y, n_boot=0)
-            unit = bool(min(x.min(), y.min()) >= 0 and max(x.max(), y.max()) <= 1)  # a [0, 1] metric
-            d = iv.diff_interval(x, y, level=level, n_boot=n_boot, seed=seed + j, unit=unit)
+            within = (1.0 if min(x.min(), y.min()) >= 0 and max(x.max(), y.max()) <= 1 else None) if span == "guess" else span
+            d = iv.diff_interval(x, y, level=level, n_boot=n_boot, seed=seed + j, span=within)
             u, w = (x, y) if higher_is_better else (-x, -y)
             pi = iv.a12_interval(u, w, level=level, n_boot=n_boot, seed=seed + j)
             g = c.hedges_g if higher_is_better else -c.hedges_g
@@ -344,6 +347,18 @@ def grid_sentence(
     return s
 
 
+def _lower(r: pd.Series) -> str:
+    """`` (lower is better)`` after a comparison whose better config has the lower mean: its
+    difference is negative."""
+    return " (lower is better)" if r["mean_better"] < r["mean_worse"] else ""
+
+
+def _span(sense: Any) -> float | Literal["guess"] | None:
+    """The bound of a difference of two means of a metric (:class:`analysis.manifest.MetricSense`):
+    its declared high - low (None: unbounded); ``"guess"`` where the task declared nothing."""
+    return sense.span if sense is not None and sense.declared else "guess"
+
+
 def best_clause(cmp: pd.DataFrame) -> str:
     """`` Best: A over B by d [lo, hi], P(improvement) a, Holm p = q.`` for the headline
     split's comparisons (:func:`compare_configs`, best config first). Configs whose mean
@@ -356,7 +371,7 @@ def best_clause(cmp: pd.DataFrame) -> str:
 
     def by(r: pd.Series) -> str:
         holm = f", Holm p = {r['p_holm']:.2g}" if pd.notna(r["p_holm"]) else ""
-        return (f"by {r['diff']:.3g} [{r['diff_low']:.3g}, {r['diff_high']:.3g}], "
+        return (f"by {r['diff']:.3g} [{r['diff_low']:.3g}, {r['diff_high']:.3g}]{_lower(r)}, "
                 f"P(improvement) {r['a12']:.2f}{holm}")  # fmt: skip
 
     if tied.empty:
@@ -456,11 +471,11 @@ def study_verdict(
     """The verdict of an open study (:class:`analysis.context.StudyContext`) about ``axis``
     (default :func:`study_axis`: the task's declaration, else the primary metric on the test
     splits)."""
-    from analysis import queries as q
 
     axis = axis or study_axis(ctx)
     metric, splits = axis.metric, axis.names
-    hib = q.higher_is_better(metric) if metric else True
+    sense = ctx.sense(metric) if metric else None
+    hib = sense.higher_is_better if sense else True
     runs = ctx.run_seeds()
     excluded = excluded_runs(runs, ctx.labels)
     e = ctx.evals
@@ -509,7 +524,7 @@ def study_verdict(
     v.reason = MODEL_REASON
     v.shares = grid_shares(values, splits, level=level)
     v.comparisons = compare_configs(
-        values, splits, higher_is_better=hib, level=level, n_boot=n_boot, seed=seed
+        values, splits, higher_is_better=hib, span=_span(sense), level=level, n_boot=n_boot, seed=seed
     )
     head = values[values["split"] == splits[0]]
     v.sources = source_shares(runs_with_seeds(head, runs), level=level, n_boot=n_boot, seed=seed)
@@ -583,17 +598,19 @@ def _tune_verdict(
     obj_split = obj.get("split") if isinstance(obj, dict) else None
     obj_metric = obj.get("metric") if isinstance(obj, dict) else None
     pair = ok[ok["trial_id"].isin(top)]
-    parts = []
+    parts = []  # (values, the way they are better, their span): the objective, then the verdict's axis
     if obj_split and obj_metric:
         o = pair[(pair["split"] == obj_split) & (pair["metric"] == obj_metric)]
-        parts.append(o.assign(split=f"{obj_split} {obj_metric} (objective)"))
-    parts.append(axis_values(pair, v.axis) if v.axis else pair.iloc[0:0])
-    both = pd.concat(parts, ignore_index=True)
-    order = list(dict.fromkeys(both["split"]))
-    hib = up if obj_metric else v.higher_is_better
-    v.comparisons = compare_configs(
-        both, order, higher_is_better=hib, level=level, n_boot=n_boot, seed=seed
-    )
+        parts.append((o.assign(split=f"{obj_split} {obj_metric} (objective)"), up, _span(ctx.sense(obj_metric))))
+    axis = axis_values(pair, v.axis) if v.axis else pair.iloc[0:0]
+    parts.append((axis, v.higher_is_better, _span(ctx.sense(v.metric)) if v.metric else "guess"))
+    # each part compared the way its own metric is better (an objective on the loss, a verdict on
+    # accuracy); Holm's adjustment then over every row, one family as in a grid study
+    cmp = [compare_configs(vals, list(dict.fromkeys(vals["split"])), higher_is_better=hib, span=sp, level=level,
+                           n_boot=n_boot, seed=seed) for vals, hib, sp in parts if not vals.empty]  # fmt: skip
+    v.comparisons = pd.concat(cmp, ignore_index=True) if cmp else compare_configs(pair.iloc[0:0], [])
+    if not v.comparisons.empty:
+        v.comparisons["p_holm"] = iv.holm(v.comparisons["p"].to_numpy())
     best = trials.set_index("trial_id").loc[top[0], "objective"]
     mine = ok.loc[ok["trial_id"] == top[0], "point"] if "point" in ok.columns else pd.Series(dtype=object)
     label = str(mine.iloc[0]) if len(mine) else ctx.labels.get(top[0], top[0])  # as the comparisons name it
@@ -611,7 +628,7 @@ def _tune_verdict(
         c = v.comparisons.iloc[0]
         s += (
             f" Winner vs runner-up on {c['split']}: {c['better']} ahead by {c['diff']:.3g} "
-            f"[{c['diff_low']:.3g}, {c['diff_high']:.3g}], P(improvement) {c['a12']:.2f}, "
+            f"[{c['diff_low']:.3g}, {c['diff_high']:.3g}]{_lower(c)}, P(improvement) {c['a12']:.2f}, "
             f"Holm p = {c['p_holm']:.2g}" + (f" ({c['warn']} seeds)." if c["warn"] else ".")
         )
     else:

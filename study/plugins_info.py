@@ -35,7 +35,8 @@ def registered(with_docs: bool = False) -> list[Registered]:
             sep = "\n  " if with_docs else ", "
             extra = ""
             if kind == "task":
-                extra = f"; metrics: {', '.join(cls.metrics)}"  # type: ignore[attr-defined]
+                metrics = cls.declared_metrics().values()  # type: ignore[attr-defined]
+                extra = "; metrics: " + ", ".join(m.name if m.share else f"{m.name} ({m.better} better)" for m in metrics)
             else:
                 extra = f"; loss_reduction: {', '.join(cls.reductions)}"  # type: ignore[attr-defined]
             rows.append(Registered(

@@ -417,7 +417,11 @@ def check_before_ray(cfg: StudyConfig, address: str | None = None, num_cpus: int
         console.print(f"note: task {cfg.points[0].spec.task_name!r} has no test split (role test): the "
                       "verdict and summaries will speak about splits that selection or tuning looked at",
                       soft_wrap=True, highlight=False)
-    analysis = cfg.points[-1].spec.make_task().analysis()
+    task = cfg.points[-1].spec.make_task()
+    # how each metric reads (trainables.metrics), for an analysis that never imports the task;
+    # the task's primary metric unless its declarations name another
+    metrics = {n: m.as_dict() for p in cfg.points for n, m in p.spec.metrics().items()}
+    analysis = {"primary_metric": task.primary_metric, **task.analysis(), "metrics": metrics}
     return {"analysis": analysis, "splits": [{"name": n, "role": r} for n, r in roles.items()]}
 
 

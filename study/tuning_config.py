@@ -79,7 +79,9 @@ class TuneBlock(FrozenConfig):
     objective: Objective = Objective()
     """The objective split, metric and aggregate."""
     direction: Literal["maximize", "minimize"] | None = None
-    """Whether a larger objective is better; omitted: ``minimize`` for ``loss``, else ``maximize``."""
+    """Whether a larger objective is better; omitted: the way the objective's metric is
+    better, as the task declares it (``minimize`` for loss or an error, ``maximize`` for
+    accuracy); the other way is refused."""
     seeds_per_candidate: int = Field(3, ge=1)
     """K: seed indices 0..K-1 (from the ``seeds:`` block's root and vary) every candidate trains."""
     trials: int = Field(20, ge=1)
@@ -160,8 +162,15 @@ def tune_block(cfg: StudyConfig) -> TuneBlock:
             "every candidate trains its K seeds as one bundle on one dataset",
             "remove `data` from seeds.vary for a tuning study",
         )
-    direction = block.direction or ("minimize" if block.objective.metric == "loss" else "maximize")
-    return block.model_copy(update={"direction": direction})
+    metric = point.spec.metrics()[block.objective.metric]  # a metric it scores: _check_leakage
+    if block.direction is not None and block.direction != metric.direction:
+        raise ConfigError(
+            "tune.direction",
+            f"{block.direction} would search for the worst config: {point.spec.task_name} with "
+            f"{point.spec.model_name} declares that {metric.better} {metric.name} is better",
+            f"use direction: {metric.direction}, or leave it unset (it follows the objective's metric)",
+        )
+    return block.model_copy(update={"direction": metric.direction})
 
 
 def _check_param(base: dict[str, Any], path: str, rng: ParamSpace) -> None:

@@ -469,7 +469,7 @@ class BundleRun:
                 m.last_rise_loss = loss
             if m.status == "diverged":
                 continue
-            value = math.nan if sel.mode == "last" else results[sel.split].means[row][sel.metric]
+            value = math.nan if sel.mode == "last" else results[sel.split].means[row][str(sel.metric)]  # resolved
             self._select(row, m, value, epoch)
 
     def _select(self, row: int, m: Member, value: float, epoch: int | None) -> None:
@@ -598,14 +598,17 @@ class BundleRun:
                 for met, v in ev.means[k].items()
             )
             if want_preds:
-                correct = ev.per_example[k][self.task.primary_metric] > 0.5
+                # an example is correct where a share (accuracy, exact match) is above 0.5; an
+                # error or a count has no "correct" (null), and analyses of correctness skip it
+                share = self.task.declared_metrics()[self.task.primary_metric].share
+                correct = ev.per_example[k][self.task.primary_metric] > 0.5 if share else None
                 for i in range(len(split)):
                     inp, tgt = self.task.render_example(self.data, split, i)
                     rows["predictions"].append({
                         "seed": m.seeds.index, "split": name,
                         "example_id": int(split.data.ids[i]), "input": inp, "target": tgt,
                         "prediction": self.task.render(split, ev.predictions[k][i], i),
-                        "correct": bool(correct[i]),
+                        "correct": None if correct is None else bool(correct[i]),
                     })
             out[k] = rows
         return out

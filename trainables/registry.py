@@ -126,6 +126,12 @@ class Registry(Generic[T]):
                 f"{where}: data_kind {cls.data_kind!r} is unknown. Fix: use one of "  # type: ignore[attr-defined]
                 f"{', '.join(DATA_KINDS)} (the containers in trainables.data)"
             )
+        if self.kind == "task":
+            names = cls.declared_metrics()  # type: ignore[attr-defined]  # a PluginError says what to declare
+            primary = cls.primary_metric  # type: ignore[attr-defined]
+            if primary not in names:
+                raise PluginError(f"{where}: primary_metric {primary!r} is not in its metrics "
+                                  f"({', '.join(names)}). Fix: add it to `metrics`, or name one of them")
         if inspect.isabstract(cls):
             todo = ", ".join(sorted(cls.__abstractmethods__))  # type: ignore[attr-defined]
             raise PluginError(f"{where} does not implement {todo}. Fix: define them")

@@ -42,6 +42,7 @@ from torch.utils._device import _device_constructors  # the factories torch.devi
 from trainables.data import Arrays, Split, TaskData, head
 from trainables.errors import ConfigError, FinelineError
 from trainables.loop import BundleRun
+from trainables.metrics import check_values
 from trainables.plugins import plugin_frame
 from trainables.registry import MODELS, TASKS
 from trainables.seeding import derive_seedset
@@ -346,8 +347,11 @@ def _check_buffers(spec: RunSpec, run: BundleRun, before: dict[str, torch.Tensor
 
 
 def _check_metrics(spec: RunSpec, rows: list[tuple[Any, ...]]) -> None:
-    declared = set(spec.metric_names())
-    extra = sorted({metric for _, _, metric, _ in rows} - declared)
+    """Every metric the rehearsal's evaluation gave (``rows``: ``(_, split, metric, value)``) is
+    declared, and its values keep to the declared range (``mse`` left as a bare name, a share,
+    would make the analysis call the larger error better)."""
+    declared = spec.metrics()
+    extra = sorted({metric for _, _, metric, _ in rows} - set(declared))
     if extra:
         raise ConfigError(
             "task",
@@ -355,6 +359,11 @@ def _check_metrics(spec: RunSpec, rows: list[tuple[Any, ...]]) -> None:
             f"not declared (declared: {sorted(declared)})",
             "add them to the task's `metrics` (or the model's metric_names), or stop returning them from score()",
         )
+    for _, split, metric, value in rows:
+        problem = check_values(declared, metric, np.array([value]), f"task {spec.task_name!r} on split {split!r}")
+        if problem is not None:
+            bad, _, fix = problem.partition(". Fix: ")
+            raise ConfigError("task", bad, fix)
 
 
 def _same(a: Any, b: Any) -> bool:

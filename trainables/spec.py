@@ -8,6 +8,7 @@ on any machine and with any bundling, finds its completed work.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import typing
@@ -19,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from trainables.configbase import FrozenConfig, added_field
 from trainables.errors import ConfigError
+from trainables.metrics import LOSS, Metric
 
 if TYPE_CHECKING:
     from trainables.models.base import Model
@@ -31,10 +33,14 @@ class SelectionConfig(FrozenConfig):
     split: str = "val"
     """Split whose metric selects the epoch (its role must be ``val`` or ``val_ood``: never
     a test split)."""
-    metric: str = "accuracy"
-    """Metric on that split (``loss`` or any metric the task scores)."""
-    mode: Literal["max", "min", "last"] = "max"
-    """``max``/``min``: keep the best epoch (ties keep the earlier); ``last``: keep the final one."""
+    metric: str | None = None
+    """Metric on that split (``loss`` or any metric the task scores); unset: ``accuracy`` when
+    the task scores it (or ``mode`` is ``last``, which reads none), else the task's
+    ``primary_metric``."""
+    mode: Literal["max", "min", "last"] | None = None
+    """``max``/``min``: keep the best epoch (ties keep the earlier); ``last``: keep the final
+    one. Unset: the way the metric is better (``max`` for accuracy, ``min`` for loss, as the
+    task declares its metrics); the other way is refused."""
     early_stop: bool = True
     """Stop a run once the metric fails to improve for ``patience`` consecutive evaluations."""
     patience: int = Field(1, ge=1)
@@ -229,25 +235,53 @@ class RunSpec:
         if train_cfg.data_order != "reshuffle":
             check_data_order(train_cfg, task_cls(task_cfg))
         spec = cls(task_cls.name, task_cfg, model_cls.name, model_cfg, train_cfg)
+        spec = spec._resolve_selection(task_cls.primary_metric)
         spec.check_metrics()
         return spec
 
-    def metric_names(self) -> tuple[str, ...]:
-        """Every metric a run of this spec scores: the model's (``loss`` first), the task's."""
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric a run of this spec scores, as declared (:mod:`trainables.metrics`):
+        the model's (``loss`` first; its others are shares in [0, 1]), then the task's."""
         from trainables.registry import MODELS, TASKS
 
         model = MODELS.get(self.model_name).metric_names(self.model)
-        return tuple(dict.fromkeys([*model, *TASKS.get(self.task_name).metrics]))
+        own = {n: LOSS if n == "loss" else Metric(n) for n in model}
+        return {**own, **TASKS.get(self.task_name).declared_metrics()}
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The names of :meth:`metrics`, ``loss`` first."""
+        return tuple(self.metrics())
+
+    def _resolve_selection(self, primary: str) -> RunSpec:
+        """``train.selection``'s unset metric and mode, resolved (see :class:`SelectionConfig`)."""
+        sel = self.train.selection
+        metrics = self.metrics()
+        # mode last reads no metric: it stays accuracy, the default earlier trial_ids hashed
+        metric = sel.metric or ("accuracy" if "accuracy" in metrics or sel.mode == "last" else primary)
+        mode = sel.mode or (metrics[metric].mode if metric in metrics else "max")  # an unknown metric: refused next
+        if (metric, mode) == (sel.metric, sel.mode):
+            return self
+        train = self.train.model_copy(update={"selection": sel.model_copy(update={"metric": metric, "mode": mode})})
+        return dataclasses.replace(self, train=train)
 
     def check_metrics(self) -> None:
-        """``train.selection.metric`` is one this spec scores (ConfigError otherwise)."""
+        """``train.selection.metric`` is one this spec scores, and ``mode`` keeps its best
+        epoch, not its worst (ConfigError otherwise)."""
         sel = self.train.selection
-        names = self.metric_names()
-        if sel.mode != "last" and sel.metric not in names:
+        metrics = self.metrics()
+        if sel.mode != "last" and sel.metric not in metrics:
             raise ConfigError(
                 "train.selection.metric",
                 f"{self.task_name} with {self.model_name} scores no metric {sel.metric!r}",
-                f"use one of: {', '.join(names)}",
+                f"use one of: {', '.join(metrics)}",
+            )
+        if sel.mode in ("max", "min") and sel.metric in metrics and sel.mode != metrics[str(sel.metric)].mode:
+            m = metrics[str(sel.metric)]
+            raise ConfigError(
+                "train.selection.mode",
+                f"{sel.mode} keeps the epoch where {sel.metric} is worst: {self.task_name} with {self.model_name} "
+                f"declares that {m.better} {sel.metric} is better",
+                f"use mode: {m.mode}, or leave mode unset (it follows the metric)",
             )
 
     def check_splits(self, roles: Mapping[str, str]) -> None:

@@ -81,7 +81,7 @@ def test_a_difference_of_two_unit_metrics_stays_within_minus_one_and_one() -> No
     lower bound and the estimate unchanged, and the verdict's comparisons pass ``unit``
     exactly when every value lies in [0, 1]."""
     a, b = np.array([1.0, 0.9, 1.0]), np.array([0.0, 0.05, 0.0])
-    free, kept = iv.diff_interval(a, b), iv.diff_interval(a, b, unit=True)
+    free, kept = iv.diff_interval(a, b), iv.diff_interval(a, b, span=1.0)
     assert free.high > 1.0 and kept.high == 1.0
     assert (kept.low, kept.estimate) == (free.low, free.estimate)
     runs = pd.DataFrame({"point": ["a"] * 3 + ["b"] * 3, "split": "test", "value": [*a, *b]})

@@ -20,6 +20,7 @@ import numpy as np
 from trainables.configbase import FrozenConfig
 from trainables.data import Arrays, DataKind, Role, SeqPairs, SeqTags, Split, SplitData, TaskData
 from trainables.errors import ConfigError, DataError
+from trainables.metrics import Metric, declared
 
 
 def check_data_dir(
@@ -93,10 +94,16 @@ class Task(ABC):
     Config: ClassVar[type[FrozenConfig]]
     data_kind: ClassVar[DataKind]
     primary_metric: ClassVar[str]
-    """Per-example metric that marks an example correct in the ``predictions`` table."""
-    metrics: ClassVar[tuple[str, ...]]
-    """Every metric name :meth:`score` may return (on some split). Study files are checked
-    against it before Ray starts; the contract suite checks ``score`` keeps to it."""
+    """The task's headline metric: selection and the analysis default to it when the task has
+    no ``accuracy``; when it is a share in [0, 1] where higher is better, an example is
+    "correct" in the ``predictions`` table where its value is above 0.5."""
+    metrics: ClassVar[tuple[str | Metric, ...]]
+    """Every metric :meth:`score` may return (on some split). A bare name is a share in
+    [0, 1] where higher is better (accuracy); any other metric is declared, e.g.
+    ``Metric("mse", better="lower", high=None)`` (:mod:`trainables.metrics`): the declaration
+    decides which config is better, the default direction of selection and tuning, and the
+    range intervals stay in. Study files are checked against it before Ray starts; the
+    contract suite checks ``score`` keeps to the names and ranges."""
     fresh_samples: ClassVar[bool] = False
     """True if training draws fresh samples each step (see :meth:`sample_train`)."""
     tiny: ClassVar[dict[str, Any]] = {}
@@ -110,6 +117,11 @@ class Task(ABC):
 
     def __init__(self, config: FrozenConfig) -> None:
         self.config = config
+
+    @classmethod
+    def declared_metrics(cls) -> dict[str, Metric]:
+        """``metrics`` as name -> :class:`Metric` (a bare name: a share in [0, 1], higher better)."""
+        return declared(cls.metrics)
 
     @abstractmethod
     def build(self, data_seed: int) -> TaskData:

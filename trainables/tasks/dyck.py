@@ -55,6 +55,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from trainables.configbase import FrozenConfig, added_field
 from trainables.data import Role, SeqTags, Split, TaskData
 from trainables.errors import ConfigError, DataError
+from trainables.metrics import Metric
 from trainables.registry import TASKS
 from trainables.tasks.base import Task, check_data_dir, check_files, decode_text
 from trainables.tasks.dyck_strings import (
@@ -261,7 +262,9 @@ class Dyck1(Task):
     Config: ClassVar[type[FrozenConfig]] = Dyck1Config
     data_kind = "tagging"
     primary_metric: ClassVar[str] = "correct"
-    metrics: ClassVar[tuple[str, ...]] = ("correct", "fpf", "fpf_trivial")
+    metrics: ClassVar[tuple[str | Metric, ...]] = (
+        "correct", Metric("fpf", high=None), Metric("fpf_trivial", high=None),  # steps: 0 .. a sequence's length
+    )
     tiny: ClassVar[dict[str, Any]] = {
         "train_size": 64,
         "val_size": 32,

@@ -45,6 +45,7 @@ import torch
 
 from trainables.errors import ConfigError
 from trainables.loop import BundleRun
+from trainables.metrics import check_values
 from trainables.models.base import Model
 from trainables.optim import with_hparams
 from trainables.registry import MODELS, TASKS
@@ -321,9 +322,13 @@ def contract_suite(
         ) -> None:
             spec = self.spec(task_cls, model_cls, max_epochs=1)
             run = train(spec, [0], device, cuda_graphs=cuda_graphs)
-            got = {m for (_, m) in evals(run, 0)}
+            ev = evals(run, 0)
+            got = {m for (_, m) in ev}
             assert got <= set(spec.metric_names()), f"undeclared metrics: {got - set(spec.metric_names())}"
-            assert task_cls.primary_metric in task_cls.metrics
+            assert task_cls.primary_metric in task_cls.declared_metrics()
+            for (where, metric), value in ev.items():  # a mean keeps to the declared range
+                problem = check_values(spec.metrics(), metric, np.array([value]), f"split {where!r}")
+                assert problem is None, problem
             split = next(iter(run.data.splits.values()))
             batch = run.model.make_batch(split.data, [np.arange(min(len(split), 8))], run.device)
             with torch.no_grad():
