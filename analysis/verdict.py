@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import scipy.stats as sps
 
 from analysis import intervals as iv
 from analysis import stats
@@ -347,6 +348,42 @@ def grid_sentence(
     return s
 
 
+def grid_caveats(head: pd.DataFrame, excluded: pd.DataFrame, points: list[dict[str, Any]], split: str) -> list[str]:
+    """What the grid verdict's share and comparisons assume that this study may break, as
+    warnings. ``head``: the headline split's ok values (columns trial_id, point, value);
+    ``excluded``: :func:`excluded_runs` of the compared configs; ``points``: the manifest's
+    grid points.
+
+    - The share (omega^2, its F interval) assumes every config spreads alike; the pairwise
+      Welch rows do not. Checked with the Brown-Forsythe test (``scipy.stats.levene``,
+      median-centred) at 0.05.
+    - A ``seeds.*`` grid axis makes configs that share every hyperparameter: the gap between
+      them is seed variance, which the share counts as the grid point's.
+    - Configs that kept different shares of their runs (runs that never learned, diverged or
+      failed are left out) are compared among their survivors, which favours a config that
+      loses its worse runs."""
+    out = []
+    groups = [g["value"].to_numpy(dtype=float) for _, g in head.groupby("trial_id")]
+    groups = [g for g in groups if g.size >= 2]
+    if len(groups) >= 2 and any(np.ptp(g) > 0 for g in groups):
+        p = float(sps.levene(*groups, center="median").pvalue)
+        if p < 0.05:
+            sds = [float(g.std(ddof=1)) for g in groups]
+            out.append(f"the configs' spreads on {split} differ (Brown-Forsythe p = {p:.2g}; sd {min(sds):.2g} to "
+                       f"{max(sds):.2g}): the variance share assumes equal spreads (the pairwise Welch rows do not)")
+    seeds_axes = sorted({k for p in points for k in p if str(k).startswith("seeds.")})
+    if seeds_axes:
+        out.append(f"the grid varies {', '.join(seeds_axes)}: configs that differ only there share every "
+                   "hyperparameter, so part of the grid point's share is seed variance (the seed sources "
+                   "split it by source)")
+    kept = excluded.assign(share=excluded["ok"] / excluded["runs"])
+    if len(kept) >= 2 and kept["share"].nunique() > 1:
+        each = ", ".join(f"{r['point']} {int(r['ok'])} of {int(r['runs'])}" for _, r in kept.iterrows())
+        out.append(f"configs kept different shares of their runs ({each} ok): they are compared among the runs "
+                   "that were kept, which favours a config that loses its worse runs")
+    return out
+
+
 def _lower(r: pd.Series) -> str:
     """`` (lower is better)`` after a comparison whose better config has the lower mean: its
     difference is negative."""
@@ -371,6 +408,7 @@ def best_clause(cmp: pd.DataFrame) -> str:
 
     def by(r: pd.Series) -> str:
         holm = f", Holm p = {r['p_holm']:.2g}" if pd.notna(r["p_holm"]) else ""
+        holm += " (not significant)" if not r["p_holm"] < 0.05 else ""  # NaN included: no test
         return (f"by {r['diff']:.3g} [{r['diff_low']:.3g}, {r['diff_high']:.3g}]{_lower(r)}, "
                 f"P(improvement) {r['a12']:.2f}{holm}")  # fmt: skip
 
@@ -492,8 +530,10 @@ def study_verdict(
             f"failed, {int(excluded['other'].sum())} other); see the excluded runs table"
         )
     sizes = values.groupby(["trial_id", "split"]).size()
-    seeds_min = int(sizes.min()) if not sizes.empty else 0
-    if seeds_min and seeds_min < iv.MIN_SEEDS:
+    per_config = sizes.groupby(level="trial_id").min() if not sizes.empty else pd.Series(dtype=int)
+    # a config with no ok seed at all is the fewest (it counted only configs with values)
+    seeds_min = min([int(per_config.get(t, 0)) for t in set(runs["trial_id"]) | set(per_config.index)] or [0])
+    if (seeds_min or len(per_config)) and seeds_min < iv.MIN_SEEDS:
         v.warnings.append(
             f"some configs have fewer than {iv.MIN_SEEDS} ok seeds (fewest: {seeds_min}): "
             "numbers marked n<10 are indicative only"
@@ -529,6 +569,7 @@ def study_verdict(
     head = values[values["split"] == splits[0]]
     v.sources = source_shares(runs_with_seeds(head, runs), level=level, n_boot=n_boot, seed=seed)
     points = [dict(p.get("point", {})) for p in ctx.manifest.points] if ctx.manifest else []
+    v.warnings += grid_caveats(head, excluded[excluded["trial_id"].isin(compared)], points, splits[0])
     v.sentence = grid_sentence(v.shares, v.comparisons, metric, factor_name(points), splits[0])
     if left_out:
         v.sentence += f" Not compared, with fewer than 2 ok seeds: {left_out}."

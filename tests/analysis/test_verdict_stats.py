@@ -14,6 +14,7 @@ from analysis import stats
 from analysis.bands import curve_bands, performance_profile
 from analysis.variance import variance_share
 from analysis.verdict import (
+    best_clause,
     compare_configs,
     excluded_runs,
     grid_sentence,
@@ -394,3 +395,60 @@ def test_an_undefined_share_prints_as_a_dash() -> None:
 
     assert pct_interval(float("nan"), float("nan"), float("nan")) == "-"
     assert pct_interval(0.5, 0.2, float("nan")) == "50% [20, -]" and pct(0.416) == "42"
+
+
+# ----------------------------------------------------------------- the statistics probe's findings
+def test_two_constant_configs_have_no_p_and_their_best_clause_says_so() -> None:
+    """[1, 1, 1] against [0.9, 0.9, 0.9]: Welch's t is 0.1 / 0 (scipy: p = 0, which entered
+    Holm's family as a certainty). Now no p, as the docs promised."""
+    from analysis.stats import compare
+
+    assert np.isnan(compare([1, 1, 1], [0.9, 0.9, 0.9], n_boot=10).welch_p)
+    runs = pd.DataFrame({"point": ["a"] * 3 + ["b"] * 3, "split": "test", "value": [1, 1, 1, 0.9, 0.9, 0.9]})
+    row = compare_configs(runs, ["test"], n_boot=50).iloc[0]
+    assert np.isnan(row["p"]) and np.isnan(row["p_holm"])
+    assert best_clause(compare_configs(runs, ["test"], n_boot=50)).endswith("P(improvement) 1.00 (not significant).")
+
+
+def test_a_best_config_not_significantly_ahead_is_said_to_be_so() -> None:
+    """Holm p 0.54 for the top pair while another pair is significant: "Best" alone read as a win."""
+    runs = pd.DataFrame({"point": ["a"] * 4 + ["b"] * 4 + ["c"] * 4, "split": "test",
+                         "value": [0.9, 0.8, 0.85, 0.95, 0.8, 0.9, 0.82, 0.88, 0.1, 0.12, 0.11, 0.09]})  # fmt: skip
+    cmp = compare_configs(runs, ["test"], n_boot=50)
+    top = cmp.iloc[0]
+    assert (top["better"], top["worse"]) == ("a", "b") and top["p_holm"] >= 0.05 > cmp["p_holm"].min()
+    assert f"Holm p = {top['p_holm']:.2g} (not significant)." in best_clause(cmp)
+
+
+def test_spearman_p_is_exact_for_a_few_seeds() -> None:
+    """rho = 1 with 4 seeds: scipy's t approximation says p = 0; over the 24 pairings, 2 reach
+    |rho| = 1, so p = 1/12. With ties, equal to scipy's exact permutation test."""
+    from analysis.stats import EXACT_SPEARMAN_N, correlate, exact_spearman_p
+
+    c = correlate([0.1, 0.2, 0.3, 0.4], [1.0, 3.0, 4.0, 9.0], "spearman", n_boot=0)
+    assert (c.r, c.p) == (1.0, pytest.approx(2 / 24))
+    a, b = np.array([0.3, 0.1, 0.5, 0.2, 0.2]), np.array([1.0, 3.0, 2.0, 5.0, 4.0])
+    want = sps.permutation_test((a, b), lambda u, v: sps.spearmanr(u, v).statistic,
+                                permutation_type="pairings", n_resamples=np.inf).pvalue  # fmt: skip
+    assert exact_spearman_p(a, b) == pytest.approx(want)
+    many = np.arange(EXACT_SPEARMAN_N + 1, dtype=float)  # past the exact limit: scipy's p
+    assert correlate(many, many**2, "spearman", n_boot=0).p == pytest.approx(sps.spearmanr(many, many**2).pvalue)
+
+
+def test_grid_caveats_name_unequal_spreads_a_seeds_axis_and_uneven_survivors() -> None:
+    """Hand-made: config b spreads 10x config a (Brown-Forsythe p from scipy < 0.05); a
+    seeds.vary axis; a kept 4 of 4 runs, b 4 of 6."""
+    from analysis.verdict import grid_caveats
+
+    a, b = [0.50, 0.51, 0.49, 0.50], [0.2, 0.8, 0.3, 0.7]
+    head = pd.DataFrame({"trial_id": ["ta"] * 4 + ["tb"] * 4, "value": a + b})
+    p = sps.levene(np.array(a), np.array(b), center="median").pvalue
+    assert p < 0.05
+    excluded = pd.DataFrame({"point": ["a", "b"], "trial_id": ["ta", "tb"], "runs": [4, 6], "ok": [4, 4]})
+    points = [{"seeds.vary": ["init"], "task.flip": 0.1}, {"seeds.vary": ["data"], "task.flip": 0.1}]
+    out = grid_caveats(head, excluded, points, "test")
+    assert out[0].startswith(f"the configs' spreads on test differ (Brown-Forsythe p = {p:.2g}; sd 0.0082 to 0.29)")
+    assert out[1].startswith("the grid varies seeds.vary: configs that differ only there share every hyperparameter")
+    assert out[2].startswith("configs kept different shares of their runs (a 4 of 4, b 4 of 6 ok)")
+    even = excluded.assign(runs=[4, 4])
+    assert grid_caveats(head.assign(value=a + [0.3, 0.31, 0.29, 0.3]), even, points[:1] and [{"x": 1}], "test") == []
