@@ -261,7 +261,7 @@ def study_seed_counts(
         return out
     out.table = sc.seed_count_table(ok, half_width_target=h, difference=d, level=level)
     if verdict.design == "grid" and not verdict.comparisons.empty:
-        out.power = sc.power_table(ok, verdict.comparisons[["split", "better", "worse"]])
+        out.power = sc.power_table(ok, verdict.comparisons[["split", "better", "worse"]], difference=d)
         weak = out.power[out.power["underpowered"]]
         for r in weak.head(3).itertuples(index=False):
             need = (
@@ -270,7 +270,7 @@ def study_seed_counts(
             )
             out.warnings.append(
                 f"underpowered: {r.better} vs {r.worse} on {r.split} has power {r.power:.2f} "
-                f"with {r.n_better}/{r.n_worse} seeds for its observed difference {r.diff:.3g}; "
+                f"with {r.n_better}/{r.n_worse} seeds to detect a difference of {r.difference:.3g}; "
                 f"{need} seeds per config give {sc.POWER:.0%}"
             )
         if len(weak) > 3:

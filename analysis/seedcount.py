@@ -176,23 +176,25 @@ def seed_count_table(
 
 
 POWER_COLUMNS = (
-    "split", "better", "worse", "n_better", "n_worse", "sd_better", "sd_worse", "diff",
+    "split", "better", "worse", "n_better", "n_worse", "sd_better", "sd_worse", "diff", "difference",
     "power", "seeds_needed", "underpowered",
 )  # fmt: skip
 
 
 def power_table(
-    values: pd.DataFrame, pairs: pd.DataFrame, *, power: float = POWER, alpha: float = ALPHA
+    values: pd.DataFrame, pairs: pd.DataFrame, *, difference: float, power: float = POWER, alpha: float = ALPHA
 ) -> pd.DataFrame:
-    """Power of each config comparison at its seed counts, for the difference observed.
+    """Power of each config comparison at its seed counts, to detect a true difference of
+    ``difference`` (the size worth finding, chosen before looking: ``--difference``, or the
+    metric's default).
 
     ``values``: one row per ok run, columns point, split, value. ``pairs``: columns split,
     better, worse (points; e.g. :func:`analysis.verdict.compare_configs`' rows). Returns
-    :data:`POWER_COLUMNS`: the observed difference of means, the Welch power to detect a
-    true difference of that size with the seeds the study has, the seeds per config
-    that would give ``power``, and ``underpowered`` (power < ``power``). This is power
-    *at the observed difference*: it says how reliably a study of this size finds an
-    effect of that size, not whether this one is real (that is the comparison's p).
+    :data:`POWER_COLUMNS`: the observed difference of means (for reference), the target
+    ``difference``, the Welch power to detect it with the seeds and spreads the study has,
+    the seeds per config that would give ``power``, and ``underpowered`` (power < ``power``).
+    Not power at the observed difference: that is a function of the comparison's p and says
+    nothing more (Hoenig and Heisey 2001).
     """
     rows = []
     groups = {
@@ -204,9 +206,9 @@ def power_table(
             continue
         sa, sb = float(np.std(a, ddof=1)), float(np.std(b, ddof=1))
         d = float(a.mean() - b.mean())
-        pw = welch_power(d, sa, sb, a.size, b.size, alpha)
-        rows.append((r.split, r.better, r.worse, a.size, b.size, sa, sb, d, pw,
-                     seeds_for_power(d, sa, sb, power, alpha), bool(pw < power)))  # fmt: skip
+        pw = welch_power(difference, sa, sb, a.size, b.size, alpha)
+        rows.append((r.split, r.better, r.worse, a.size, b.size, sa, sb, d, difference, pw,
+                     seeds_for_power(difference, sa, sb, power, alpha), bool(pw < power)))  # fmt: skip
     return pd.DataFrame(rows, columns=list(POWER_COLUMNS))
 
 
