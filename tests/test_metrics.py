@@ -142,3 +142,23 @@ def test_the_manifest_declaration_decides_which_config_is_better_and_the_range()
     far = pd.DataFrame({"point": ["a"] * 3 + ["b"] * 3, "split": "test", "value": [1.0, 0.9, 1.0, 0.0, 0.05, 0.0]})
     assert compare_configs(far, ["test"], span=1.0).loc[0, "diff_high"] == 1.0
     assert compare_configs(far, ["test"], span=None).loc[0, "diff_high"] > 1.0  # an unbounded metric: not clipped
+
+
+# --------------------------------------------------------------------------- regression
+def test_a_regression_task_takes_a_regressor_and_says_which_when_given_a_classifier() -> None:
+    """Before, a real-valued target was refused ("labels that are not whole numbers"), and the
+    plugin probe carried it as the last input column; now a task says ``data_kind = "regress"``."""
+    with pytest.raises(ConfigError) as info:
+        RunSpec.from_dict({"task": {"name": "sine"}, "model": {"name": "mlp"}})
+    assert info.value.field == "model.name" and "use a model for this task: mlp_regressor" in str(info.value)
+    s = RunSpec.from_dict({"task": {"name": "sine"}, "model": {"name": "mlp_regressor"}})
+    assert (s.train.selection.metric, s.train.selection.mode) == ("mse", "min")
+    task = s.make_task()
+    data = task.build(3)
+    split = data.splits["test_ood"]
+    x, y = split.data.x, split.data.y  # type: ignore[union-attr]
+    assert x.shape == (256, 1) and y.dtype == np.float32 and np.allclose(y, np.sin(x[:, 0]), atol=1e-6)
+    assert (x.min() >= 4.0, x.max() <= 5.0) == (True, True)
+    assert task.render_example(data, split, 0) == ("", f"{float(y[0]):.4g}")
+    scored = task.score(split, [np.array([v + 0.5], dtype=np.float32) for v in y])  # every output 0.5 too high
+    assert np.allclose(scored["mse"], 0.25) and np.allclose(scored["mae"], 0.5)

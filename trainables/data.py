@@ -32,7 +32,7 @@ import numpy as np
 
 Role = Literal["train", "val", "val_ood", "test"]
 ROLES: tuple[Role, ...] = ("train", "val", "val_ood", "test")
-DataKind = Literal["seq2seq", "tagging", "classify"]
+DataKind = Literal["seq2seq", "tagging", "classify", "regress"]
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<s>", "</s>")
@@ -190,7 +190,9 @@ class SeqTags:
 
 @dataclass
 class Arrays:
-    """Kind ``classify``: fixed-size inputs and integer labels. ``x``: (N, ...) float32, ``y``: (N,) int64."""
+    """Kinds ``classify`` and ``regress``: fixed-size inputs and their labels. ``x``: (N, ...)
+    float32; ``y``: (N,) int64 class indices (classify), or (N,) / (N, d) float32 real targets
+    (regress)."""
 
     x: np.ndarray
     y: np.ndarray

@@ -180,7 +180,8 @@ def check_task_data(spec: RunSpec, data: TaskData) -> None:
     labels and ids of one length (a ``classify`` split, ``Arrays``); every float value finite
     (a NaN or inf would train as NaN and stop no run: one NaN also made two builds of the same
     data differ, blamed on seeding); ``classify`` labels whole numbers (a float label of 0.5
-    was cast to class 0 without a word) inside ``0 .. meta['n_classes'] - 1``."""
+    was cast to class 0 without a word) inside ``0 .. meta['n_classes'] - 1``; ``regress``
+    targets numbers."""
     for name, split in data.splits.items():
         d = split.data
         if isinstance(d, Arrays):
@@ -200,15 +201,23 @@ def check_task_data(spec: RunSpec, data: TaskData) -> None:
                     finite = np.array([np.isfinite(a).all() for a in seqs])
                     if not finite.all():
                         _not_finite(spec, name, f, np.flatnonzero(~finite), len(seqs))
-        if isinstance(d, Arrays) and d.y.dtype.kind == "f" and len(d.y) and not np.array_equal(d.y, np.round(d.y)):
+        classify = _data_kind(spec) == "classify"
+        if classify and isinstance(d, Arrays) and d.y.dtype.kind == "f" and len(d.y) and not np.array_equal(d.y, np.round(d.y)):
             frac = np.unique(d.y[d.y != np.round(d.y)])
             raise ConfigError(
                 "task", f"task {spec.task_name!r}: split {name!r} has labels y that are not whole numbers "
                 f"({frac[:5].tolist()}): a classify task's labels are class indices",
-                "build y as int64 class indices 0..n_classes-1 (a regression target needs a model and "
-                "metrics of its own)",
+                "build y as int64 class indices 0..n_classes-1, or make it a regression task "
+                "(data_kind = \"regress\", real targets; model mlp_regressor or a PlainRegressor of your own)",
             )
+        if isinstance(d, Arrays) and not classify and d.y.dtype.kind not in "fiu":
+            raise ConfigError("task", f"task {spec.task_name!r}: split {name!r} has targets y of dtype {d.y.dtype}",
+                              "give a regress task real-valued targets (N,) or (N, d), float32")
     check_labels(spec, data)
+
+
+def _data_kind(spec: RunSpec) -> str:
+    return str(TASKS.get(spec.task_name).data_kind)
 
 
 def _check_finite(spec: RunSpec, split: str, what: str, values: np.ndarray) -> None:

@@ -29,6 +29,7 @@ PINNED = {
     "li2021_scan": ["761dfe18b6640d23", "60faff2c4dd7ca47"],  # 0e55d077..., 3805a73e... on impl: reference, before the fast path's input feeding; 3f5ea4b5..., 68c50f47... before the end-of-input token and 7 output classes; 59f55847..., f2348b3a... before init: tf, 8-dim targets; 513686de..., 8e6f2631... before input feeding, no tanh, sum / batch; 2f4d265b..., 29cfe1ff... before batches drawn with replacement
     "li2021_toy": ["2d2bcc41e9c45a94"],  # 13e03d858b7a2505 before Playground's training; d7d4864107d7926f before its fixed data order
     "quickstart": ["b38ef157b3f8acb0"],  # bef8b71cc8cc0099 before the end symbol
+    "sine": ["3175e94998e2fc36", "a2ef3f598a493458"],
     "shah2020_lms5": ["c36cd9ff7cb629c1", "8a6c28066069cc78", "2f9acbbfdff2c677"],
     "shah2020_lms7": ["67fca6990a939f2a", "c9c0e1c4add2f3f4"],
     "shah2020_ms57": ["ef2cfe1f4abb5425", "29a54a2f6aaa423b", "b959986fd86666d5"],

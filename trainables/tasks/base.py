@@ -153,8 +153,9 @@ class Task(ABC):
             return " ".join(map(str, d.src[index])), " ".join(map(str, d.tgt[index]))
         if isinstance(d, SeqTags):
             return _clip(" ".join(str(int(t)) for t in d.x[index])), ""
-        if isinstance(d, Arrays):
-            return "", str(int(d.y[index]))
+        if isinstance(d, Arrays):  # a class label, or a regress task's real target(s)
+            y = np.asarray(d.y[index])
+            return "", str(int(y)) if y.dtype.kind in "iu" else " ".join(f"{v:.4g}" for v in y.reshape(-1))
         return "", ""
 
     def sample_train(self, data: TaskData, rng: np.random.Generator, n: int) -> SplitData:
