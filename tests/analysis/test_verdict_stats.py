@@ -451,4 +451,4 @@ def test_grid_caveats_name_unequal_spreads_a_seeds_axis_and_uneven_survivors() -
     assert out[1].startswith("the grid varies seeds.vary: configs that differ only there share every hyperparameter")
     assert out[2].startswith("configs kept different shares of their runs (a 4 of 4, b 4 of 6 ok)")
     even = excluded.assign(runs=[4, 4])
-    assert grid_caveats(head.assign(value=a + [0.3, 0.31, 0.29, 0.3]), even, points[:1] and [{"x": 1}], "test") == []
+    assert grid_caveats(head.assign(value=[*a, 0.3, 0.31, 0.29, 0.3]), even, [{"x": 1}], "test") == []
