@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar, get_args
@@ -146,6 +147,12 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> type[T]:
         items = self._live()
+        if name not in items and (stray := self._unregistered(name)) is not None:
+            decorator = "TASKS" if self.kind == "task" else "MODELS"
+            raise ConfigError(
+                self.field, f"unknown {self.kind} {name!r}: class {stray} has that name but is not registered",
+                f"decorate it with @{decorator}.register (from trainables.registry import {decorator})",
+            )
         if name not in items:
             valid = ", ".join(sorted(items)) or "(none)"
             broken = "; ".join(LOADER.broken.values())
@@ -157,6 +164,17 @@ class Registry(Generic[T]):
                 f"(entry point) or listed under `plugins:` in the study file (docs/plugins.md)",
             )
         return items[name].cls
+
+    def _unregistered(self, name: str) -> str | None:
+        """``module.Class`` of a class named ``name`` in a loaded plugin module that subclasses
+        this registry's base but was never registered (a forgotten decorator), else None."""
+        module, _, base_name = self.base.partition(":")
+        base = getattr(importlib.import_module(module), base_name)
+        for mod_name in LOADER.loaded:
+            for obj in getattr(sys.modules.get(mod_name), "__dict__", {}).values():
+                if isinstance(obj, type) and issubclass(obj, base) and obj.__dict__.get("name") == name:
+                    return f"{obj.__module__}.{obj.__qualname__}"
+        return None
 
     def entry(self, name: str) -> Entry[T]:
         self.get(name)
