@@ -24,6 +24,7 @@ FAMILIES = {  # a built-in model -> a built-in task of its data kind
     "convnet": "mnist_pairs",
     "two_layer_relu": "xor_cluster",
     "transformer": "modular",
+    "mlp_regressor": "sine",
 }
 
 

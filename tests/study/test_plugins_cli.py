@@ -191,30 +191,13 @@ def test_a_plugin_config_is_validated_like_a_builtin(folders: tuple[Path, Path])
          "under each field"),
         # the task the study names is a class of the module that was never registered (it said
         # only "unknown task 'blobs'"); the module registers another, so it is loaded
-        ("from trainables.registry import TASKS
-from trainables.tasks.toy2d import Toy2D
-
-"
-         "class Blobs(Toy2D):
-    name = 'blobs'
-
-@TASKS.register
-class Other(Toy2D):
-    name = 'other'
-",
+        ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
+         "class Blobs(Toy2D):\n    name = 'blobs'\n\n@TASKS.register\nclass Other(Toy2D):\n    name = 'other'\n",
          "task.name: unknown task 'blobs': class blobs_task.Blobs has that name but is not registered. "
          "Fix: decorate it with @TASKS.register"),
         # a metric named like an error must say which way it reads (trainables.metrics)
-        ("from trainables.registry import TASKS
-from trainables.tasks.toy2d import Toy2D
-
-"
-         "@TASKS.register
-class Mine(Toy2D):
-    name = 'mine'
-    primary_metric = 'mse'
-    metrics = ('mse',)
-",
+        ("from trainables.registry import TASKS\nfrom trainables.tasks.toy2d import Toy2D\n\n"
+         "@TASKS.register\nclass Mine(Toy2D):\n    name = 'mine'\n    primary_metric = 'mse'\n    metrics = ('mse',)\n",
          "metric 'mse' is a bare name, which means a share in [0, 1] where higher is better, but its name reads "
          "like an error. Fix: declare it in the task's `metrics`, e.g. Metric('mse', better='lower', high=None)"),
     ],

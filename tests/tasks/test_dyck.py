@@ -427,7 +427,7 @@ def test_trivial_predictor_fpf_by_hand() -> None:
     perfect = [y.copy() for y in split.data.y]
     assert task.score(split, perfect)["fpf_trivial"].tolist() == [3, 1, 5, 5]  # not the run's
     assert task.score(tags("()()"), [perfect[1]])["fpf_trivial"].tolist() == [1]  # new data, same name
-    assert set(out) <= set(Dyck1.metrics)
+    assert set(out) <= set(Dyck1.declared_metrics())
 
 
 def test_analysis_declares_the_papers_aggregates() -> None:
@@ -449,7 +449,7 @@ def test_analysis_declares_the_papers_aggregates() -> None:
     assert [x.split for x in reg.xs] == ["train", "val", "long"] and {x.transform for x in reg.xs} == {"neglog"}
     assert reg.runs == best.subset
     assert (base.metric, base.baseline) == ("fpf", "fpf_trivial")  # type: ignore[attr-defined]
-    assert "fpf_trivial" in spec["metric_definitions"] and "fpf_trivial" in Dyck1.metrics
+    assert "fpf_trivial" in spec["metric_definitions"] and "fpf_trivial" in Dyck1.declared_metrics()
 
 
 def test_default_build_has_paper_sizes_and_meta() -> None:
