@@ -63,8 +63,9 @@ class Objective(FrozenConfig):
 
     split: str = "val_ood"
     """Split whose metric is the objective; its role must be ``val`` or ``val_ood``."""
-    metric: str = "accuracy"
-    """Metric on that split (``loss`` or any metric the task scores)."""
+    metric: str | None = None
+    """Metric on that split (``loss`` or any metric the task scores); unset: ``accuracy`` when
+    the task scores it, else the task's ``primary_metric``."""
     aggregate: Literal["mean", "median", "iqm"] = "mean"
     """How the per-seed values combine (IQM: mean of the middle 50%)."""
 
@@ -154,6 +155,10 @@ def tune_block(cfg: StudyConfig) -> TuneBlock:
                     "not a searched field or outside its range",
                     f"use fields of tune.space within their bounds: {', '.join(block.space)}",
                 )
+    if block.objective.metric is None:  # resolved as train.selection's is
+        metrics, primary = point.spec.metrics(), TASKS.get(point.spec.task_name).primary_metric
+        objective = block.objective.model_copy(update={"metric": "accuracy" if "accuracy" in metrics else primary})
+        block = block.model_copy(update={"objective": objective})
     _check_leakage(cfg, block)
     seeds = seedsets(candidate_point(point, block))
     if len({s.data_seed for s in seeds}) > 1:
@@ -162,7 +167,7 @@ def tune_block(cfg: StudyConfig) -> TuneBlock:
             "every candidate trains its K seeds as one bundle on one dataset",
             "remove `data` from seeds.vary for a tuning study",
         )
-    metric = point.spec.metrics()[block.objective.metric]  # a metric it scores: _check_leakage
+    metric = point.spec.metrics()[str(block.objective.metric)]  # a metric it scores: _check_leakage
     if block.direction is not None and block.direction != metric.direction:
         raise ConfigError(
             "tune.direction",

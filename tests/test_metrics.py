@@ -109,6 +109,8 @@ def test_tuning_minimises_a_declared_error_by_default_and_refuses_to_maximise_it
             "tune": {"objective": {"split": "val_ood", "metric": "miss"}, "trials": 2,
                      "space": {"train.lr": {"low": 0.001, "high": 0.1, "log": True}}}}  # fmt: skip
     assert tune_block(parse(base)).direction == "minimize"
+    bare = {**base, "tune": {**base["tune"], "objective": {"split": "val_ood"}}}  # no accuracy: the primary metric
+    assert (tune_block(parse(bare)).objective.metric, tune_block(parse(bare)).direction) == ("miss", "minimize")
     margin = {**base, "tune": {**base["tune"], "objective": {"split": "val_ood", "metric": "margin"}}}
     assert tune_block(parse(margin)).direction == "maximize"
     with pytest.raises(ConfigError) as info:
