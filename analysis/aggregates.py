@@ -137,20 +137,20 @@ def checkpoint_fits(pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 BASELINE_COLUMNS = ("point", "split", "metric", "baseline", "baseline_min", "baseline_max",
-                    "runs", "mean", "above", "share_above")  # fmt: skip
+                    "runs", "mean", "beat", "share_beat")  # fmt: skip
 
 
-def baseline_summary(values: pd.DataFrame, metric: str, baseline: str) -> pd.DataFrame:
+def baseline_summary(values: pd.DataFrame, metric: str, baseline: str, *, higher_is_better: bool = True) -> pd.DataFrame:
     """The runs' ``metric`` against a baseline the runs recorded from their own data.
 
     ``values``: one row per (run, split, metric), columns point, trial_id, seed, split,
     metric, value, holding both ``metric`` and ``baseline`` rows. Per (point, split) with
     both (order of first appearance): baseline (mean over the runs of each run's baseline
     value), baseline_min, baseline_max (equal when the runs share their data), runs (runs
-    with both values), mean (of ``metric``), above (runs whose ``metric`` exceeds their
-    own baseline), share_above (above / runs). ``metric`` is a higher-is-better metric
-    such as an FPF. Returns columns point, split, metric (= ``metric``), baseline,
-    baseline_min, baseline_max, runs, mean, above, share_above.
+    with both values), mean (of ``metric``), beat (runs whose ``metric`` beats their own
+    baseline: above it, or below it where lower is better, ``higher_is_better``: the
+    metric's declaration), share_beat (beat / runs). Returns columns point, split, metric
+    (= ``metric``), baseline, baseline_min, baseline_max, runs, mean, beat, share_beat.
     """
     key = ["point", "split", "trial_id", "seed"]
     a = values[values["metric"] == metric][[*key, "value"]].dropna(subset=["value"])
@@ -158,10 +158,10 @@ def baseline_summary(values: pd.DataFrame, metric: str, baseline: str) -> pd.Dat
     both = a.merge(b, on=key, suffixes=("", "_base"), sort=False)
     rows = []
     for (point, split), sub in both.groupby(["point", "split"], sort=False):
-        above = int((sub["value"] > sub["value_base"]).sum())
+        beat = int((sub["value"] > sub["value_base"] if higher_is_better else sub["value"] < sub["value_base"]).sum())
         rows.append((point, split, metric, float(sub["value_base"].mean()),
                      float(sub["value_base"].min()), float(sub["value_base"].max()), len(sub),
-                     float(sub["value"].mean()), above, above / len(sub)))  # fmt: skip
+                     float(sub["value"].mean()), beat, beat / len(sub)))  # fmt: skip
     return pd.DataFrame(rows, columns=list(BASELINE_COLUMNS))
 
 
@@ -482,19 +482,20 @@ class Baseline(Aggregate):
                 "label": self.label}  # fmt: skip
 
     def baselines(self, ctx: StudyContext) -> pd.DataFrame:
-        t = baseline_summary(_ok(ctx), self.metric, self.baseline)
+        t = baseline_summary(_ok(ctx), self.metric, self.baseline, higher_is_better=ctx.sense(self.metric).higher_is_better)
         return pd.DataFrame({"point": t["point"], "split": t["split"], "metric": self.metric,
                              "value": t["baseline"], "label": self.label})  # fmt: skip
 
     def compute(self, ctx: StudyContext, baselines: pd.DataFrame) -> AggregateResult:
-        t = baseline_summary(_ok(ctx), self.metric, self.baseline)
+        hib = ctx.sense(self.metric).higher_is_better
+        t = baseline_summary(_ok(ctx), self.metric, self.baseline, higher_is_better=hib)
         rank = {s: i for i, s in enumerate(ctx.splits)}
         t = t.sort_values(["point", "split"], key=lambda c: c.map(rank) if c.name == "split" else c,
                           kind="stable")  # fmt: skip
         t.insert(3, "baseline_metric", self.baseline)
         t["warn"] = [iv.seed_warning(int(n)) for n in t["runs"]]
         title = (f"{self.metric} of the {self.label} ({self.baseline}, from each run's data) beside "
-                 f"the runs' {self.metric}; above: runs that beat it")  # fmt: skip
+                 f"the runs' {self.metric}; beat: runs {'above' if hib else 'below'} it")  # fmt: skip
         return AggregateResult(self, title, t.reset_index(drop=True))
 
 

@@ -122,9 +122,13 @@ def performance_profile(values: pd.DataFrame, *, higher_is_better: bool = True) 
             continue
         better = v[None, :] > taus[:, None] if higher_is_better else v[None, :] < taus[:, None]
         frac = better.mean(axis=1)
-        start = taus.min() if higher_is_better else taus.max()
-        rows.append(pd.DataFrame({"point": point, "tau": np.r_[start, taus],
-                                  "fraction": np.r_[1.0, frac]}))  # fmt: skip
+        # every run beats a threshold just past the worst score: 1 before the lowest tau
+        # (higher is better), after the highest (lower is better), where the curve starts
+        if higher_is_better:
+            tau, fraction = np.r_[taus.min(), taus], np.r_[1.0, frac]
+        else:
+            tau, fraction = np.r_[taus, taus.max()], np.r_[frac, 1.0]
+        rows.append(pd.DataFrame({"point": point, "tau": tau, "fraction": fraction}))
     if not rows:
         return pd.DataFrame(columns=["point", "tau", "fraction"])
     return pd.concat(rows, ignore_index=True)

@@ -84,7 +84,7 @@ def improvement_chart(
            alt.Tooltip("p_holm:Q", format=".2g", title="Holm p"), "warn:N"]  # fmt: skip
     base = alt.Chart(store.add(df)).encode(y=y)
     bars = base.mark_bar(height=10, opacity=0.35, color="#4c78a8").encode(
-        x=alt.X("a12_low:Q", scale=scale, title="P(X > Y)"), x2="a12_high:Q", tooltip=tip
+        x=alt.X("a12_low:Q", scale=scale, title="P(X beats Y)"), x2="a12_high:Q", tooltip=tip
     )
     dots = base.mark_point(filled=True, color="black", size=50).encode(x="a12:Q", tooltip=tip)
     half = alt.Chart(store.add(pd.DataFrame({"x": [0.5]}))).mark_rule(

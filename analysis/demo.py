@@ -55,6 +55,14 @@ TOY_STEPS_PER_EVAL = 32
 """Optimizer steps between two logged evaluations of the toy-shaped study."""
 
 
+
+DEMO_METRICS: dict[str, dict[str, Any]] = {
+    "accuracy": {"better": "higher", "low": 0.0, "high": 1.0},
+    "loss": {"better": "lower", "low": None, "high": None},
+    "fpf": {"better": "higher", "low": 0.0, "high": None},
+}
+"""How the demo's metrics read, as a study writes them from its task (``analysis.metrics``)."""
+
 def _write(out: Path, table: str, study: str, stem: str, rows: list[dict[str, Any]]) -> None:
     schema = SCHEMAS.get(table) if table != "trials" else None
     t = pa.Table.from_pylist(rows, schema=schema)
@@ -266,6 +274,7 @@ def write_demo_study(
                 for over in ("runs", "checkpoints")
             ],
             "histograms": [{"split": "very_long", "metric": "fpf"}],
+            "metrics": DEMO_METRICS,
         },
     }
     if kind == "tune":
@@ -389,6 +398,7 @@ def _write_toy_study(
         "points": manifest_points,
         "analysis": {  # as toy2d's Task.analysis()
             "primary_metric": "accuracy",
+            "metrics": {**DEMO_METRICS, "p_y1": DEMO_METRICS["accuracy"]},
             "decision_boundary": {
                 "grid": [low, high, n],
                 "split": "grid",

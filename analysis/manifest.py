@@ -95,7 +95,8 @@ class BoundaryDecl:
         return BoundaryDecl(low, high, n, self.split, self.metric, self.axes)
 
 
-LOWER_IS_BETTER: tuple[str, ...] = ("loss", "nll", "error", "perplexity", "ppl")
+LOWER_IS_BETTER: tuple[str, ...] = ("loss", "nll", "error", "perplexity", "ppl", "mse", "mae", "rmse", "distance",
+                                     "regret", "cost")
 """Metric names (or name parts) taken as lower-is-better in a study whose manifest declares
 no ``metrics`` (one written before the declarations existed)."""
 

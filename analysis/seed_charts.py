@@ -5,8 +5,8 @@
   censored, and a dashed rule at the budget;
 * :func:`seed_count_chart`: the 95% half-width of a mean against the number of seeds,
   from each (point, split)'s spread, with the target half-width and the study's seeds;
-* :func:`power_chart`: the power of each config comparison against seeds per config, for
-  the difference observed, with the 80% line.
+* :func:`power_chart`: the power of each config comparison against seeds per config, to
+  detect the target difference (:func:`analysis.seedcount.power_table`), with the 80% line.
 
 :func:`question_panels` builds them for a study as ``(name, chart, wide)`` rows, which
 :func:`analysis.report.build_charts` appends to the page.
@@ -168,7 +168,7 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
     """Power against seeds per config for each comparison (the ``top`` least powered).
 
     ``power``: :func:`analysis.seedcount.power_table` (split, better, worse, sd_better,
-    sd_worse, diff, power, n_better, n_worse, ...)."""
+    sd_worse, difference: the target, power, n_better, n_worse, ...)."""
     rows = []
     for r in power.sort_values("power", kind="stable").head(top).itertuples(index=False):
         needed = int(r.seeds_needed) if r.seeds_needed is not None and np.isfinite(r.seeds_needed) else 0
@@ -176,7 +176,7 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
         ns = np.unique(np.round(np.geomspace(2, hi, 50)).astype(int))
         name = f"{r.split}: {r.better} vs {r.worse}"
         rows += [
-            (name, int(n), sc.welch_power(r.diff, r.sd_better, r.sd_worse, int(n), int(n)))
+            (name, int(n), sc.welch_power(r.difference, r.sd_better, r.sd_worse, int(n), int(n)))
             for n in ns
         ]
     df = pd.DataFrame(rows, columns=["comparison", "n", "power"])
@@ -196,7 +196,8 @@ def power_chart(store: ChartData, power: pd.DataFrame, metric: str, top: int = 6
         .encode(y=alt.Y("p:Q", title="power"))
     )
     title = alt.TitleParams(
-        wrapped(f"Power to detect the observed {metric} differences", TITLE_PX, bold=True),
+        wrapped(f"Power to detect a {metric} difference of {float(power['difference'].iloc[0]):.3g}" if len(power)
+                else f"Power to detect a {metric} difference", TITLE_PX, bold=True),
         subtitle=wrapped(
             f"two-sided Welch t at alpha {sc.ALPHA}, this study's spreads; dashed: {sc.POWER:.0%}", TITLE_PX
         ),

@@ -245,8 +245,11 @@ def study_seed_counts(
     shown = compared_points(verdict)
     if shown is not None:
         ok = ok[ok["point"].isin(shown)]
+    # a share of the mean is the headline split's: pooled, a split with errors 700x smaller
+    # than another's got a target 7x its own mean
+    head = ok[ok["split"] == verdict.splits[0]] if verdict.splits and "split" in ok.columns else ok
     h0, d0, how = (
-        sc.default_targets(ok["value"], ctx.sense(metric) if metric else None)
+        sc.default_targets((head if not head.empty else ok)["value"], ctx.sense(metric) if metric else None)
         if not ok.empty
         else (sc.UNIT_HALF_WIDTH, sc.UNIT_DIFFERENCE, "")
     )
@@ -546,9 +549,9 @@ def questions_text(qs: Questions, text_table: Callable[..., str]) -> list[str]:
         ]
         if not c.power.empty:
             p = c.power.assign(seeds_needed=[
-                _count(v, bool(d)) for v, d in zip(c.power["seeds_needed"], c.power["diff"] != 0, strict=True)
+                _count(v, bool(d)) for v, d in zip(c.power["seeds_needed"], c.power["difference"] != 0, strict=True)
             ])
-            lines += [f"Power of each config comparison at its seeds, for the difference observed "
+            lines += [f"Power of each config comparison at its seeds, to detect the difference {c.difference:.4g} "
                       f"(two-sided Welch t, alpha {sc.ALPHA}; underpowered: power < {sc.POWER})",
                       text_table(p)]  # fmt: skip
     if not qs.multiboot.empty:

@@ -135,7 +135,7 @@ def default_targets(values: pd.Series, sense: MetricSense | None = None) -> tupl
     if unit:
         return UNIT_HALF_WIDTH, UNIT_DIFFERENCE, "points of a [0, 1] metric"
     scale = abs(float(v.mean())) or 1.0
-    return RELATIVE[0] * scale, RELATIVE[1] * scale, "2% / 5% of the mean"
+    return RELATIVE[0] * scale, RELATIVE[1] * scale, "2% / 5% of the headline split's mean"
 
 
 SEED_COLUMNS = (

@@ -521,6 +521,9 @@ def study_verdict(
     values = axis_values(ok, axis)
     values = values[values["value"].notna()]  # an ok run without this value is not a seed of it
     v = Verdict("single", metric, hib, splits, "", excluded=excluded, axis=axis)
+    if sense is not None and not sense.declared:  # a study written before the declarations
+        v.warnings.append(f"the study declares no direction for {metric}: {'higher' if hib else 'lower'} is "
+                          "better was guessed from its name (a study run since declares it from its task)")
     n_out = int(excluded["runs"].sum() - excluded["ok"].sum()) if not excluded.empty else 0
     if n_out:
         nl = int(excluded["not_learned"].sum())
@@ -667,8 +670,11 @@ def _tune_verdict(
         s += f" Winner and runner-up tie on {c['split']} (every seed of both scores the same)."
     elif len(top) > 1 and not v.comparisons.empty:
         c = v.comparisons.iloc[0]
+        # the comparison ranks by the mean; an objective aggregated otherwise (median, IQM) may
+        # rank the runner-up's mean ahead: say so rather than call the runner-up the winner
+        ahead = "winner" if c["better"] == label else "runner-up, by its mean (the objective's aggregate ranks it second)"
         s += (
-            f" Winner vs runner-up on {c['split']}: {c['better']} ahead by {c['diff']:.3g} "
+            f" Winner vs runner-up on {c['split']}: {c['better']} ({ahead}) ahead by {c['diff']:.3g} "
             f"[{c['diff_low']:.3g}, {c['diff_high']:.3g}]{_lower(c)}, P(improvement) {c['a12']:.2f}, "
             f"Holm p = {c['p_holm']:.2g}" + (f" ({c['warn']} seeds)." if c["warn"] else ".")
         )

@@ -125,9 +125,12 @@ def test_the_manifest_declaration_decides_which_config_is_better_and_the_range()
     way. Declared unbounded, the difference's interval is Welch's own; a [0, 1] metric's is
     clipped to +-1."""
     decl = parse_declarations({"metrics": {"mse": {"better": "lower", "low": 0.0, "high": None},
-                                           "acc": {"better": "higher", "low": 0, "high": 1}}})  # fmt: skip
+                                           "acc": {"better": "higher", "low": 0, "high": 1},
+                                           "wrongness": {"better": "lower", "low": 0, "high": None}}})  # fmt: skip
     mse, acc = decl.sense("mse"), decl.sense("acc")
-    assert guessed_sense("mse").higher_is_better and not mse.higher_is_better and mse.declared
+    assert not mse.higher_is_better and mse.declared
+    # the declaration wins over the name's guess (a name no list knows is guessed higher-better)
+    assert guessed_sense("wrongness").higher_is_better and not decl.sense("wrongness").higher_is_better
     assert (mse.span, acc.span, acc.unit) == (None, 1.0, True)
     assert decl.sense("val_loss") == guessed_sense("val_loss") and not decl.sense("val_loss").higher_is_better
     bad = parse_declarations({"metrics": {"x": {"better": "up"}}})
@@ -164,3 +167,25 @@ def test_a_regression_task_takes_a_regressor_and_says_which_when_given_a_classif
     assert task.render_example(data, split, 0) == ("", f"{float(y[0]):.4g}")
     scored = task.score(split, [np.array([v + 0.5], dtype=np.float32) for v in y])  # every output 0.5 too high
     assert np.allclose(scored["mse"], 0.25) and np.allclose(scored["mae"], 0.5)
+
+
+def test_the_profile_and_a_baseline_read_a_lower_is_better_metric_its_way() -> None:
+    """By hand: errors 0.1, 0.2, 0.4 of one config. Fraction below tau: 0 at 0.1, 1/3 at 0.2,
+    2/3 at 0.4, then 1 just past the worst (before, the 1 came first and the curve ended at
+    2/3). Against a baseline error of 0.3 each, two runs beat it (below), not one (above)."""
+    from analysis.aggregates import baseline_summary
+    from analysis.bands import performance_profile
+    from analysis.queries import higher_is_better
+
+    vals = pd.DataFrame({"point": "p", "value": [0.4, 0.1, 0.2]})
+    prof = performance_profile(vals, higher_is_better=False)
+    assert list(zip(prof["tau"], prof["fraction"], strict=True)) == [
+        (0.1, 0.0), (0.2, pytest.approx(1 / 3)), (0.4, pytest.approx(2 / 3)), (0.4, 1.0)]
+    up = performance_profile(vals, higher_is_better=True)
+    assert list(up["fraction"])[:2] == [1.0, pytest.approx(2 / 3)] and list(up["tau"])[:2] == [0.1, 0.1]
+    runs = pd.DataFrame({"point": "p", "split": "test", "trial_id": "t", "seed": [0, 1, 2] * 2,
+                         "metric": ["mse"] * 3 + ["mse_trivial"] * 3, "value": [0.4, 0.1, 0.2, 0.3, 0.3, 0.3]})  # fmt: skip
+    low = baseline_summary(runs, "mse", "mse_trivial", higher_is_better=False).iloc[0]
+    assert (low["beat"], low["share_beat"]) == (2, pytest.approx(2 / 3))
+    assert baseline_summary(runs, "mse", "mse_trivial").iloc[0]["beat"] == 1
+    assert not higher_is_better("test_mse") and not higher_is_better("mae") and higher_is_better("accuracy")

@@ -86,7 +86,7 @@ def test_analyze_json_holds_the_three_aggregates(out: Path) -> None:
         assert r["baseline_min"] == r["baseline_max"] == pytest.approx(r["baseline"])  # one dataset
         runs = fpf[(fpf["point"] == r["point"]) & (fpf["split"] == r["split"])]["value"]
         assert r["runs"] == 2 and r["mean"] == pytest.approx(runs.mean())
-        assert r["above"] == int((runs > trivial[r["split"]]).sum())
+        assert r["beat"] == int((runs > trivial[r["split"]]).sum())
         assert 0 <= r["mean"] <= {"long": 40, "very_long": 120, "zigzag": 120}.get(r["split"], 20)
     # best k: k = 10 of 2 runs keeps both; the FPF rows carry the trivial FPF beside them
     rows = {(r["point"], r["split"], r["metric"]): r for r in best["rows"]}

@@ -109,7 +109,7 @@ def test_baseline_summary_by_hand() -> None:
     assert row["baseline"] == pytest.approx(320 / 3)
     assert (row["baseline_min"], row["baseline_max"], row["mean"]) == (100.0, 120.0, 120.0)
     # 150 > 100 beats it; 90 < 100 does not; 120 == its own 120 does not
-    assert (row["above"], row["share_above"]) == (1, pytest.approx(1 / 3))
+    assert (row["beat"], row["share_beat"]) == (1, pytest.approx(1 / 3))
 
 
 def test_declarations_parse_into_typed_kinds() -> None:
