@@ -391,6 +391,13 @@ def study_multiboot(
     best) and every pair of test splits of each config, the higher mean first. ``points``:
     only these configs (all when ``None``)."""
     tables = prediction_tables(ctx, ctx.test_splits)
+    primary = ctx.sense(ctx.primary) if ctx.primary else None
+    if (not tables and primary is not None and primary.declared and not (primary.unit and primary.higher_is_better)
+            and (ctx.con.execute("SELECT count(*) FROM predictions WHERE study = ?", [ctx.name]).fetchone() or (0,))[0]):
+        note = (f"Multi-Bootstrap: none, as the primary metric {ctx.primary} is no share of correct examples "
+                "(predictions.correct is null)")
+        if note not in ctx.notes:
+            ctx.notes.append(note)
     if points is not None:
         tables = {k: v for k, v in tables.items() if k[0] in points}
     seeds = _seed_values(ctx)

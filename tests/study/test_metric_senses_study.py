@@ -56,7 +56,10 @@ def test_a_study_of_an_error_metric_calls_the_lower_error_better(tmp_path: Path)
 
     res = study(tmp_path, "analyze", "misses", "--out", str(out), "--format", "json")
     assert res.returncode == 0, res.stderr
-    verdict = json.loads(res.stdout)["verdict"]
+    doc = json.loads(res.stdout)
+    verdict = doc["verdict"]
+    assert doc["multi_bootstrap"]["rows"] == [] and any(
+        n.startswith("Multi-Bootstrap: none, as the primary metric miss is no share") for n in doc["notes"])
     assert (verdict["metric"], verdict["higher_is_better"]) == ("miss", False)
     means = {r["point"]: r["m"] for r in sql("SELECT t.point_json AS point, avg(e.value) AS m FROM evals e JOIN "
                                              "trials t USING (study, trial_id) WHERE e.split = 'test' AND "

@@ -55,17 +55,24 @@ class ClassifyBatch:
         return self.x.shape[0] == 1
 
 
+def gather_rows(data: SplitData, rows: Sequence[np.ndarray], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Member k's rows ``rows[k]`` of an :class:`Arrays` split: ``x`` (K, B, ...) float32, or
+    (1, B, ...) when every member has the same rows (evaluation), and ``y`` (K, B, ...) as
+    stored. ``kind`` names the models in the error for another container."""
+    if not isinstance(data, Arrays):
+        raise TypeError(f"{kind} models need Arrays data, got {type(data).__name__}")
+    index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
+    shared = all(np.array_equal(index[0], r) for r in index[1:])
+    x = torch.from_numpy(np.ascontiguousarray(data.x[index[:1] if shared else index]))
+    return x.float(), torch.from_numpy(np.ascontiguousarray(data.y[index]))
+
+
 def make_classify_batch(
     data: SplitData, rows: Sequence[np.ndarray], device: torch.device | str
 ) -> ClassifyBatch:
     """Gather member k's rows ``rows[k]`` of an :class:`Arrays` split into a batch."""
-    if not isinstance(data, Arrays):
-        raise TypeError(f"classify models need Arrays data, got {type(data).__name__}")
-    index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
-    shared = all(np.array_equal(index[0], r) for r in index[1:])
-    x = torch.from_numpy(np.ascontiguousarray(data.x[index[:1] if shared else index]))
-    y = torch.from_numpy(np.ascontiguousarray(data.y[index])).long()
-    return ClassifyBatch(x=x.float().to(device), y=y.to(device))
+    x, y = gather_rows(data, rows, "classify")
+    return ClassifyBatch(x=x.to(device), y=y.long().to(device))
 
 
 # --- losses and predictions --------------------------------------------------------------

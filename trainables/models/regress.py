@@ -21,10 +21,10 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from trainables.configbase import FrozenConfig
-from trainables.data import Arrays, SplitData
+from trainables.data import SplitData
 from trainables.errors import ConfigError
 from trainables.models.base import MemberNoise
-from trainables.models.classify import REDUCTIONS, check_sizes, reduce_losses
+from trainables.models.classify import REDUCTIONS, check_sizes, gather_rows, reduce_losses
 from trainables.models.plain import Dropout, PlainModel
 from trainables.registry import MODELS
 
@@ -40,13 +40,9 @@ class RegressBatch:
 
 def make_regress_batch(data: SplitData, rows: Sequence[np.ndarray], device: torch.device | str) -> RegressBatch:
     """Gather member k's rows ``rows[k]`` of an :class:`Arrays` split into a batch."""
-    if not isinstance(data, Arrays):
-        raise TypeError(f"regression models need Arrays data, got {type(data).__name__}")
-    index = np.stack([np.asarray(r, dtype=np.int64) for r in rows])  # (K, B)
-    shared = all(np.array_equal(index[0], r) for r in index[1:])
-    x = torch.from_numpy(np.ascontiguousarray(data.x[index[:1] if shared else index]))
-    y = torch.from_numpy(np.ascontiguousarray(data.y[index])).float()
-    return RegressBatch(x=x.float().to(device), y=(y if y.dim() == 3 else y.unsqueeze(-1)).to(device))
+    x, y = gather_rows(data, rows, "regression")
+    y = y.float()
+    return RegressBatch(x=x.to(device), y=(y if y.dim() == 3 else y.unsqueeze(-1)).to(device))
 
 
 class PlainRegressorConfig(FrozenConfig):
