@@ -509,7 +509,6 @@ def study_verdict(
     """The verdict of an open study (:class:`analysis.context.StudyContext`) about ``axis``
     (default :func:`study_axis`: the task's declaration, else the primary metric on the test
     splits)."""
-
     axis = axis or study_axis(ctx)
     metric, splits = axis.metric, axis.names
     sense = ctx.sense(metric) if metric else None
