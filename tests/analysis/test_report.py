@@ -134,6 +134,7 @@ def test_png_export(out: Path, tmp_path: Path) -> None:
     assert width > 500 and height > 1000
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_svg_and_directory_export(reports: dict[str, Report], tmp_path: Path) -> None:
     report = reports["grid"]
     svg = report.save(tmp_path / "charts.svg")

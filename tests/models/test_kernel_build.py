@@ -184,6 +184,7 @@ def probe(tmp_path: Path, name: str, **env: str) -> tuple[dict[str, Any], dict[s
     return json.loads(res.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_portable_build_computes_the_same_bits_as_the_native_build(
     tmp_path: Path,
 ) -> None:

@@ -81,7 +81,7 @@ def first_commit_of(
         pytest.param(signal.SIGTERM, False, id="SIGTERM", marks=pytest.mark.slow),
         # what `timeout`, Slurm and systemd send: SIGTERM to every process of the job, Ray's
         # included (before the shield, the GCS died at once: a 60 s wait, exit 1, no counts)
-        pytest.param(signal.SIGTERM, True, id="SIGTERM-to-the-group"),
+        pytest.param(signal.SIGTERM, True, id="SIGTERM-to-the-group", marks=pytest.mark.slow),  # SIGINT stays in the default run
         # a closed terminal or SSH session: SIGHUP to the foreground group (was exit 129 with
         # no message and no record for `study status`); same path as SIGTERM, so -m slow
         pytest.param(signal.SIGHUP, True, id="SIGHUP-to-the-group", marks=pytest.mark.slow),

@@ -293,6 +293,7 @@ def broken_installed_plugin(root: Path, source: str = HALF_LOADED, value: str = 
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_broken_installed_plugin_is_a_warning_for_studies_that_do_not_use_it(
     folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,6 +82,7 @@ def test_heartbeats_keep_coming_while_a_bundle_reports_rarely(tmp_path: Path) ->
     assert len(beats) >= 2, "\n".join(lines)
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_config_the_worker_refuses_fails_once_without_retries_or_tracebacks(tmp_path: Path) -> None:
     """A ConfigError raised in a trial's setup (here: a batch larger than the training split
     of a plugin task the driver does not build before Ray, ``rehearsable()`` False: only its

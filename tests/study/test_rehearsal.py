@@ -146,6 +146,7 @@ def test_a_plugin_mistake_is_one_error_before_ray(tmp_path: Path, case: str) -> 
         assert f"(at {home / PLUGIN.name}:" in line, line
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_task_that_is_not_rehearsable_is_not_built_before_ray(tmp_path: Path) -> None:
     """``Task.rehearsable()`` False (a slow or side-effecting build): the driver does not
     build it; the study runs, its trials build the data."""
@@ -246,6 +247,7 @@ def test_blame_names_plugin_code_but_keeps_a_fineline_bug_as_it_is() -> None:
         raise ValueError("a bug")
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_plugin_model_the_meta_device_cannot_build_is_rehearsed_for_real(tmp_path: Path) -> None:
     """A constructor that reads a value (``.item()``) cannot run on the meta device: sizing
     gives up on it and the rehearsal builds it for real, so a correct plugin is not refused
@@ -266,6 +268,7 @@ def test_a_plugin_model_the_meta_device_cannot_build_is_rehearsed_for_real(tmp_p
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow  # 15-20 s of subprocess study; CI's default run keeps under 15 minutes
 def test_a_plugin_pair_trained_with_a_loss_rise_schedule_is_rehearsed_and_runs(tmp_path: Path) -> None:
     """Before: the rehearsal's one-step run (max_steps) refused ``lr_halving.on_loss_rise``,
     blaming a max_steps the user never set."""
