@@ -588,6 +588,9 @@ class BundleRun:
         commits per split, and what ``study eval`` commits for kept weights."""
         assert len(self.slots) == len(self.members), "a compacted bundle: restore it first"
         want_preds = self.train_cfg.predictions and split.role == "test"
+        # an example is correct where a share (accuracy, exact match) is above 0.5; an error or
+        # a count has no "correct" (null), and analyses of correctness skip it
+        share = self.task.declared_metrics()[self.task.primary_metric].share
         ev = self.evaluate(split, predictions=want_preds)
         out: dict[int, dict[str, Rows]] = {}
         for k in members:
@@ -598,9 +601,6 @@ class BundleRun:
                 for met, v in ev.means[k].items()
             )
             if want_preds:
-                # an example is correct where a share (accuracy, exact match) is above 0.5; an
-                # error or a count has no "correct" (null), and analyses of correctness skip it
-                share = self.task.declared_metrics()[self.task.primary_metric].share
                 correct = ev.per_example[k][self.task.primary_metric] > 0.5 if share else None
                 for i in range(len(split)):
                     inp, tgt = self.task.render_example(self.data, split, i)
